@@ -1,0 +1,31 @@
+"""Typed errors. Each message names the problem and, where there is one, the fix."""
+
+from __future__ import annotations
+
+
+class HybridrtError(Exception):
+    """Base class of every error hybridrt raises on purpose."""
+
+
+class UnsupportedArchitectureError(HybridrtError):
+    """The checkpoint's `model_type` (or one of its config fields) is not supported."""
+
+
+class CheckpointError(HybridrtError):
+    """A checkpoint directory is missing files, is corrupt, or does not match its config."""
+
+
+class ExportError(HybridrtError):
+    """Export failed: the output exists, tracing failed, or parity is above tolerance."""
+
+
+class GraphError(HybridrtError):
+    """An exported directory is corrupt or does not match its manifest."""
+
+
+class ProviderError(HybridrtError):
+    """A requested execution provider is not available in this onnxruntime build."""
+
+
+class GenerationError(HybridrtError, ValueError):
+    """Invalid generation input: sampling parameters, prompt length, missing tokenizer."""

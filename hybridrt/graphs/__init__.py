@@ -1,0 +1,1 @@
+"""Graph contract, manifest and inspection. Never imports torch."""

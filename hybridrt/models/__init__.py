@@ -1,0 +1,1 @@
+"""PyTorch reference models with explicit state (needs the `export` extra)."""

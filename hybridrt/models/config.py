@@ -1,0 +1,115 @@
+"""The model configuration: one frozen dataclass, the single source of defaults.
+
+`layer_types` is the hybrid as data: one entry per layer, each a mixer kind from
+`MIXER_KINDS`. It drives the model build, the graph's state inputs (graphs.contract),
+the runtime's buffer allocation and the tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+MIXER_KINDS = ("attention", "mamba")
+FFN_KINDS = ("mlp", "moe", "none")
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    """Architecture of a hybrid decoder-only language model.
+
+    Dimension glossary used across `hybridrt.models`:
+      b  batch            l  sequence length (this call)     p  past length (KV)
+      d  hidden_size      d_inner  mamba expand * d           n  d_state
+      h  attention heads  h_kv  key/value heads               hd  head_dim
+      k  d_conv           r  dt_rank                           v  vocab_size
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    layer_types: tuple[str, ...]
+    ffn_types: tuple[str, ...]
+    intermediate_size: int = 0
+    num_attention_heads: int = 1
+    num_key_value_heads: int = 1
+    head_dim: int = 0
+    rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    # Rotary position embedding; rope_theta None means the attention uses no positions
+    # (Jamba: the Mamba layers carry position information).
+    rope_theta: float | None = None
+    rope_type: str = "default"
+    rope_scaling: tuple[tuple[str, float], ...] = ()
+    # Mamba (selective SSM, Gu & Dao 2023)
+    mamba_d_state: int = 16
+    mamba_d_conv: int = 4
+    mamba_expand: int = 2
+    mamba_dt_rank: int = 0
+    mamba_conv_bias: bool = True
+    mamba_proj_bias: bool = False
+    mamba_inner_norms: bool = False  # Jamba's RMSNorms on dt, B and C
+    # Mixture of experts
+    num_experts: int = 1
+    num_experts_per_tok: int = 1
+    # Special tokens
+    bos_token_id: int | None = None
+    eos_token_id: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    # Prompt-path scan: chunk length of the parallel scan (a constant of the graph).
+    scan_chunk: int = 16
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if len(self.layer_types) != len(self.ffn_types):
+            raise ValueError("layer_types and ffn_types must have one entry per layer")
+        for kind in self.layer_types:
+            if kind not in MIXER_KINDS:
+                raise ValueError(f"unknown mixer kind {kind!r}; known: {', '.join(MIXER_KINDS)}")
+        for kind in self.ffn_types:
+            if kind not in FFN_KINDS:
+                raise ValueError(f"unknown feed-forward kind {kind!r}; known: {', '.join(FFN_KINDS)}")
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"unknown rope type {self.rope_type!r}; known: {', '.join(ROPE_TYPES)}")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def attn_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def d_inner(self) -> int:
+        return self.mamba_expand * self.hidden_size
+
+    @property
+    def dt_rank(self) -> int:
+        return self.mamba_dt_rank or -(-self.hidden_size // 16)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("extra")
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HybridConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        for key in ("layer_types", "ffn_types", "eos_token_id"):
+            if key in kwargs:
+                kwargs[key] = tuple(kwargs[key])
+        if "rope_scaling" in kwargs:
+            kwargs["rope_scaling"] = tuple((str(k), float(v)) for k, v in kwargs["rope_scaling"])
+        return cls(**kwargs)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)

@@ -1,0 +1,1 @@
+"""One module per Hugging Face family; each registers itself with `registry.register`."""

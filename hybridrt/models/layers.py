@@ -1,0 +1,174 @@
+"""Attention and feed-forward blocks with explicit state.
+
+Glossary (see HybridConfig): b batch, l sequence length of this call, p past length,
+d hidden size, h heads, h_kv key/value heads, hd head dim, E experts, f intermediate size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import HybridConfig
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32 (Zhang & Sennrich 2019)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def activation(name: str) -> nn.Module:
+    acts: dict[str, type[nn.Module]] = {"silu": nn.SiLU, "gelu": nn.GELU, "relu": nn.ReLU}
+    if name not in acts:
+        raise ValueError(f"unsupported hidden_act {name!r}; supported: {', '.join(acts)}")
+    return acts[name]()
+
+
+class MLP(nn.Module):
+    """Gated MLP: down(act(gate(x)) * up(x)). x [b, l, d] -> [b, l, d]."""
+
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(d, f, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(d, f, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(f, d, bias=cfg.mlp_bias)
+        self.act = activation(cfg.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoE(nn.Module):
+    """Top-k mixture of gated-MLP experts (Jamba: softmax router, top-k weights not renormalized).
+
+    Every expert runs on every token and unselected experts get weight 0: exact, shape-static
+    and export-friendly (no data-dependent gather). x [b, l, d] -> [b, l, d].
+    Weights: router.weight [E, d], experts.gate_up_proj [E, 2f, d], experts.down_proj [E, d, f].
+    """
+
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        d, f, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts
+        self.top_k = cfg.num_experts_per_tok
+        self.router = nn.Linear(d, e, bias=False)
+        self.experts = nn.Module()
+        self.experts.gate_up_proj = nn.Parameter(torch.zeros(e, 2 * f, d))
+        self.experts.down_proj = nn.Parameter(torch.zeros(e, d, f))
+        self.act = activation(cfg.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.router(x).float(), dim=-1)  # [b, l, E]
+        top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
+        weights = torch.zeros_like(probs).scatter(-1, top_i, top_w).to(x.dtype)  # [b, l, E]
+        gate_up = torch.einsum("bld,efd->blef", x, self.experts.gate_up_proj)  # [b, l, E, 2f]
+        gate, up = gate_up.chunk(2, dim=-1)
+        y = torch.einsum("blef,edf->bled", self.act(gate) * up, self.experts.down_proj)
+        return (y * weights.unsqueeze(-1)).sum(dim=2)
+
+
+def rope_inv_freq(cfg: HybridConfig) -> torch.Tensor:
+    """Inverse frequencies [hd/2] for the config's rope type (transformers' rope utils)."""
+    hd = cfg.attn_head_dim
+    assert cfg.rope_theta is not None
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    params = dict(cfg.rope_scaling)
+    if cfg.rope_type == "linear":
+        inv = inv / params["factor"]
+    elif cfg.rope_type == "llama3":
+        factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+        old_len = params["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    """Grouped-query causal attention with optional RoPE and an explicit KV past.
+
+    x [b, l, d], mask [b, 1, l, p+l] additive float, cos/sin [b, l, hd] or None,
+    past_k/past_v [b, h_kv, p, hd] -> (y [b, l, d], present_k/present_v [b, h_kv, p+l, hd]).
+    """
+
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        d, hd = cfg.hidden_size, cfg.attn_head_dim
+        self.h, self.h_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, hd
+        self.q_proj = nn.Linear(d, self.h * hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(d, self.h_kv * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(d, self.h_kv * hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.h * hd, d, bias=cfg.attention_bias)
+        self.scale = hd**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        past_k: torch.Tensor,
+        past_v: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, l, _ = x.shape
+        q = self.q_proj(x).view(b, l, self.h, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(b, l, self.h_kv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(b, l, self.h_kv, self.hd).transpose(1, 2)
+        if cos is not None and sin is not None:
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+        k = torch.cat([past_k, k], dim=2)
+        v = torch.cat([past_v, v], dim=2)
+        rep = self.h // self.h_kv
+        kr = k.repeat_interleave(rep, dim=1) if rep > 1 else k
+        vr = v.repeat_interleave(rep, dim=1) if rep > 1 else v
+        scores = torch.matmul(q, kr.transpose(2, 3)) * self.scale + mask
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        y = torch.matmul(probs, vr).transpose(1, 2).reshape(b, l, self.h * self.hd)
+        return self.o_proj(y), k, v
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """position_ids [b, l] -> cos, sin [b, l, hd]."""
+    freqs = position_ids.unsqueeze(-1).float() * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def attention_bias(attention_mask: torch.Tensor, l: int) -> torch.Tensor:
+    """Additive mask [b, 1, l, p+l] from a padding mask [b, p+l] (1 = token, 0 = padding).
+
+    Query i (absolute position p+i) sees key j when j <= p+i and key j is a token. A finite
+    minimum, not -inf, keeps fully masked rows (left padding) free of NaN.
+    """
+    total = attention_mask.shape[1]
+    past = total - l
+    q_pos = torch.arange(l, device=attention_mask.device).unsqueeze(1) + past
+    k_pos = torch.arange(total, device=attention_mask.device).unsqueeze(0)
+    allowed = (k_pos <= q_pos).unsqueeze(0) & attention_mask.bool().unsqueeze(1)
+    neg = torch.finfo(torch.float32).min
+    zero = torch.zeros((), dtype=torch.float32)
+    return torch.where(allowed, zero, torch.full((), neg)).unsqueeze(1)

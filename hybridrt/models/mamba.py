@@ -1,0 +1,71 @@
+"""Mamba1 mixer: selective SSM with a depthwise causal conv (Gu & Dao 2023, Algorithm 2).
+
+Glossary: b batch, l sequence length, d hidden size, d_inner expanded size, n d_state,
+k d_conv, r dt_rank. Mirrors transformers' `JambaMambaMixer` / `MambaMixer` slow path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import HybridConfig
+from .layers import RMSNorm
+from .scan import linear_scan
+
+
+def causal_conv(
+    x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv continuing from a state.
+
+    x [b, C, l], conv_state [b, C, k-1], weight [C, 1, k] -> (y [b, C, l], new state [b, C, k-1]).
+    """
+    k = weight.shape[-1]
+    xc = torch.cat([conv_state, x], dim=-1)  # [b, C, k-1+l]
+    new_state = xc[:, :, xc.shape[-1] - (k - 1) :]
+    y = F.conv1d(xc, weight, bias, groups=x.shape[1])
+    return y, new_state
+
+
+class MambaMixer(nn.Module):
+    """x [b, l, d], mask [b, l], conv [b, d_inner, k-1], ssm [b, d_inner, n] -> (y, conv', ssm')."""
+
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        d, di, n, r, k = cfg.hidden_size, cfg.d_inner, cfg.mamba_d_state, cfg.dt_rank, cfg.mamba_d_conv
+        self.d_inner, self.n, self.r = di, n, r
+        self.chunk, self.max_len = cfg.scan_chunk, cfg.max_position_embeddings
+        self.in_proj = nn.Linear(d, 2 * di, bias=cfg.mamba_proj_bias)
+        self.conv1d = nn.Conv1d(di, di, k, groups=di, bias=cfg.mamba_conv_bias)
+        self.x_proj = nn.Linear(di, r + 2 * n, bias=False)
+        self.dt_proj = nn.Linear(r, di, bias=True)
+        self.A_log = nn.Parameter(torch.zeros(di, n))
+        self.D = nn.Parameter(torch.ones(di))
+        self.out_proj = nn.Linear(di, d, bias=cfg.mamba_proj_bias)
+        self.inner_norms = cfg.mamba_inner_norms
+        if self.inner_norms:
+            self.dt_norm = RMSNorm(r, cfg.rms_norm_eps)
+            self.b_norm = RMSNorm(n, cfg.rms_norm_eps)
+            self.c_norm = RMSNorm(n, cfg.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        m = mask.unsqueeze(-1).to(x.dtype)  # padding positions must leave the state untouched
+        xz = self.in_proj(x * m)
+        xs, z = xz.chunk(2, dim=-1)  # [b, l, d_inner] each
+        xs, conv_state = causal_conv(xs.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias)
+        xs = F.silu(xs).transpose(1, 2) * m  # [b, l, d_inner]
+        dt, B, C = torch.split(self.x_proj(xs), [self.r, self.n, self.n], dim=-1)
+        if self.inner_norms:
+            dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)
+        dt = F.softplus(self.dt_proj(dt))  # [b, l, d_inner]
+        A = -torch.exp(self.A_log.float())  # [d_inner, n]
+        decay = torch.exp(dt.unsqueeze(-1) * A)  # [b, l, d_inner, n]
+        u = (dt * xs).unsqueeze(-1) * B.unsqueeze(2)  # [b, l, d_inner, n]
+        h, ssm_state = linear_scan(decay, u, ssm_state, self.chunk, self.max_len)
+        y = (h * C.unsqueeze(2)).sum(-1) + xs * self.D  # [b, l, d_inner]
+        y = y * F.silu(z)
+        return self.out_proj(y), conv_state, ssm_state
