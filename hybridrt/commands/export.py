@@ -1,0 +1,35 @@
+"""`hybridrt export SRC -o OUT [--format onnx|torchscript|pt2] [--force]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="export a Hugging Face checkpoint directory (or 'default') to a graph")
+    p.add_argument("src", help="checkpoint directory with config.json and *.safetensors, or 'default'")
+    p.add_argument("-o", "--output", required=True, help="output directory (must not exist unless --force)")
+    p.add_argument("--format", default="onnx", choices=["onnx", "torchscript", "pt2"])
+    p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    p.add_argument("--no-validate", action="store_true", help="skip the parity check against PyTorch")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..export import export
+    from ..graphs.inspect import describe
+
+    t0 = time.perf_counter()
+    manifest = export(
+        args.src,
+        args.output,
+        format=args.format,
+        force=args.force,
+        validate=not args.no_validate,
+        progress=lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr),
+    )
+    print(describe(args.output, manifest))
+    prov = manifest.provenance
+    print(f"export took {prov['export_seconds']:.1f} s, peak RSS {prov['export_peak_rss_mb']:.0f} MB")
+    return 0

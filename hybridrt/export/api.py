@@ -1,0 +1,166 @@
+"""`export(src, out)`: checkpoint directory in, self-describing graph directory out.
+
+Writing is atomic: everything goes to a temporary directory beside `out`, which is renamed
+into place only once the graph is written, validated and described.
+"""
+
+from __future__ import annotations
+
+import platform
+import resource
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import __version__
+from ..errors import ExportError
+from ..graphs.contract import input_specs, output_specs
+from ..graphs.manifest import GRAPH_FILES, TOKENIZER_FILES, Manifest
+from ..models.checkpoint import load_model
+from ..models.model import HybridForCausalLM
+from .trace import GraphModule, dynamic_shapes, example_inputs
+
+FORMATS = tuple(GRAPH_FILES)
+
+
+def export(
+    src: str | Path,
+    out: str | Path,
+    *,
+    format: str = "onnx",
+    force: bool = False,
+    validate: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> Manifest:
+    """Export a Hugging Face checkpoint directory (or "default") to `out`; returns the manifest."""
+    from ..models.default import resolve_source
+
+    say = progress or (lambda msg: None)
+    if format not in FORMATS:
+        raise ExportError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    out = Path(out)
+    if out.exists() and not force:
+        raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
+    src = resolve_source(src)
+    t0 = time.perf_counter()
+    say(f"loading {src}")
+    model, hf = load_model(src)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        manifest = _write(model, hf, src, tmp, format, validate, say)
+        manifest.provenance["export_seconds"] = round(time.perf_counter() - t0, 2)
+        manifest.provenance["export_peak_rss_mb"] = round(_peak_rss_mb(), 1)
+        manifest.record_files(tmp)
+        manifest.write(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    say(f"wrote {out}")
+    return manifest
+
+
+def _write(
+    model: HybridForCausalLM,
+    hf: dict[str, Any],
+    src: Path,
+    tmp: Path,
+    format: str,
+    validate: bool,
+    say: Callable[[str], None],
+) -> Manifest:
+    from . import validate as val
+
+    module = GraphModule(model).eval()
+    args = example_inputs(model)
+    graph_path = tmp / GRAPH_FILES[format]
+    say(f"tracing ({format})")
+    with torch.no_grad():
+        if format == "torchscript":
+            from .torch_export import to_torchscript
+
+            to_torchscript(module, args, graph_path)
+        else:
+            from .onnx_export import export_program
+
+            try:
+                program = export_program(module, args, dynamic_shapes(model))
+            except Exception as e:
+                raise ExportError(f"torch.export failed for {model.config.model_type}: {e}") from e
+            if format == "pt2":
+                from .torch_export import to_pt2
+
+                to_pt2(program, graph_path)
+            else:
+                from .onnx_export import to_onnx
+
+                to_onnx(program, module, graph_path)
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, tmp / name)
+    manifest = _manifest(model, hf, src, format)
+    if validate:
+        say("checking parity against PyTorch")
+        if format == "onnx":
+            runner = val.ort_runner(graph_path, model)
+        else:
+            from .torch_export import load_torch_graph
+
+            runner = val.torch_runner(load_torch_graph(graph_path))
+        report = val.measure_parity(model, runner)
+        manifest.parity = report
+        if not report["passed"]:
+            raise ExportError(
+                f"exported graph does not match PyTorch: max |Δlogits| {report['max_abs_logits']:.3g}, "
+                f"max |Δstate| {report['max_abs_state']:.3g} (tolerance {report['tolerance']:g})"
+            )
+        say(f"parity: max |Δlogits| {report['max_abs_logits']:.2e}, max |Δstate| {report['max_abs_state']:.2e}")
+    return manifest
+
+
+def _manifest(model: HybridForCausalLM, hf: dict[str, Any], src: Path, format: str) -> Manifest:
+    import onnx
+    import onnxscript
+
+    cfg = model.config
+    provenance: dict[str, Any] = {
+        "source": str(src.resolve()),
+        "source_architectures": hf.get("architectures"),
+        "hybridrt": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    if format == "onnx":
+        from .onnx_export import OPSET
+
+        provenance |= {"onnx": onnx.__version__, "onnxscript": onnxscript.__version__, "opset": OPSET}
+    return Manifest(
+        format=format,
+        architecture=cfg.model_type,
+        layer_types=list(cfg.layer_types),
+        config=cfg.to_dict(),
+        inputs=input_specs(cfg),
+        outputs=output_specs(cfg),
+        special_tokens={
+            "bos_token_id": cfg.bos_token_id,
+            "eos_token_id": list(cfg.eos_token_id),
+            "pad_token_id": cfg.pad_token_id,
+        },
+        max_length=cfg.max_position_embeddings,
+        vocab_size=cfg.vocab_size,
+        provenance=provenance,
+    )
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

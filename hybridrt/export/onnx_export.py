@@ -1,0 +1,104 @@
+"""ONNX export with torch.onnx's dynamo exporter (torch.export + onnxscript).
+
+Why this exporter: torch.export traces shapes symbolically (SymInt arithmetic such as the
+scan's chunk count stays in the graph, with no per-length specialization), it is the
+exporter torch maintains (the TorchScript-based one is deprecated), and its
+custom_translation_table is the route to onnxruntime's com.microsoft fused operators.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+import torch.fx.experimental._config
+
+from ..graphs.contract import input_specs, output_specs
+from .trace import GraphModule
+
+OPSET = 20
+IR_VERSION = 10  # onnxruntime 1.2x-1.3x load up to IR 11-13; onnx 1.23 would write 14
+EXTERNAL_DATA_THRESHOLD = 1 << 30  # bytes of parameters above which weights go to model.onnx.data
+
+
+def export_program(module: GraphModule, args: tuple[torch.Tensor, ...], dyn: tuple[object, ...]) -> torch.export.ExportedProgram:
+    # backed_size_oblivious: sizes seen as 0 or 1 at run time (empty KV past, one-token
+    # decode, batch 1) must not be specialized away from the example sizes.
+    with warnings.catch_warnings(), torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        warnings.simplefilter("ignore")
+        return torch.export.export(
+            module, args, dynamic_shapes=dyn, strict=False, prefer_deferred_runtime_asserts_over_guards=True
+        )
+
+
+def to_onnx(program: torch.export.ExportedProgram, module: GraphModule, path: Path) -> onnx.ModelProto:
+    cfg = module.model.config
+    ins, outs = input_specs(cfg), output_specs(cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        onnx_program = torch.onnx.export(
+            program,
+            input_names=[s.name for s in ins],
+            output_names=[s.name for s in outs],
+            opset_version=OPSET,
+            dynamo=True,
+            optimize=True,
+            verbose=False,
+        )
+    assert onnx_program is not None
+    model = onnx_program.model_proto
+    _name_dims(model, {s.name: s.dims for s in ins + outs})
+    _name_nodes(model)
+    model.ir_version = IR_VERSION
+    model.producer_name = "hybridrt"
+    n_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    external = n_bytes > EXTERNAL_DATA_THRESHOLD
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=external,
+        all_tensors_to_one_file=True,
+        location=path.name + ".data",
+        size_threshold=1024,
+    )
+    onnx.checker.check_model(str(path))
+    return model
+
+
+def _name_dims(model: onnx.ModelProto, dims: dict[str, tuple[object, ...]]) -> None:
+    """Symbolic dims get the contract's names (batch, seq, past_len, total_len)."""
+    for value in list(model.graph.input) + list(model.graph.output):
+        spec = dims[value.name]
+        for dim, want in zip(value.type.tensor_type.shape.dim, spec):
+            if isinstance(want, str):
+                dim.Clear()
+                dim.dim_param = want
+
+
+_MODULE = re.compile(r"^(?:model\.)?(.+?):")
+
+
+def _name_nodes(model: onnx.ModelProto) -> None:
+    """Deterministic hierarchical names such as /model/layers.3/mixer/in_proj/MatMul."""
+    seen: dict[str, int] = {}
+    for node in model.graph.node:
+        meta = {p.key: p.value for p in node.metadata_props}
+        path = ""
+        for part in meta.get("namespace", "").split("/")[:-1]:
+            m = _MODULE.match(part.strip())
+            if m and m.group(1).startswith(("model.", "lm_head")):
+                path = m.group(1)
+        parts: list[str] = []
+        for part in path.split(".") if path else []:
+            if part.isdigit() and parts:
+                parts[-1] += "." + part
+            else:
+                parts.append(part)
+        scope = "/".join(parts)
+        base = f"/{scope}/{node.op_type}" if scope else f"/{node.op_type}"
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        node.name = base if count == 0 else f"{base}_{count}"

@@ -1,0 +1,65 @@
+"""Human-readable description of an exported directory (torch-free)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .contract import state_bytes_per_sequence
+from .manifest import Manifest, read_manifest
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def describe(directory: str | Path, manifest: Manifest | None = None) -> str:
+    directory = Path(directory)
+    m = manifest or read_manifest(directory)
+    kinds: dict[str, int] = {}
+    for k in m.layer_types:
+        kinds[k] = kinds.get(k, 0) + 1
+    lines = [
+        f"model        {directory}",
+        f"architecture {m.architecture} ({m.format}, schema {m.schema_version})",
+        f"layers       {len(m.layer_types)}: " + ", ".join(f"{n} {k}" for k, n in kinds.items()),
+        f"layer kinds  {' '.join(k[:4] for k in m.layer_types)}",
+        f"vocab        {m.vocab_size}   max length {m.max_length}   logits: {m.logits}",
+        f"special      {m.special_tokens}",
+        "inputs       " + ", ".join(s.name for s in m.inputs if not s.name.startswith("past.")),
+        "states (per sequence):",
+    ]
+    fixed = grow = 0
+    for s in m.pasts:
+        n = state_bytes_per_sequence(s)
+        dims = "[" + ", ".join(str(d) for d in s.dims) + "]"
+        if s.grows:
+            grow += n
+            lines.append(f"  {s.name:<18} {s.kind:<6} {dims:<28} {s.dtype}  {_size(n)} per token")
+        else:
+            fixed += n
+            lines.append(f"  {s.name:<18} {s.kind:<6} {dims:<28} {s.dtype}  {_size(n)}")
+    lines.append(f"  total: {_size(fixed)} fixed + {_size(grow)} per token")
+    lines.append("files:")
+    for name, info in m.files.items():
+        lines.append(f"  {name:<24} {_size(info['bytes']):>12}  sha256 {info['sha256'][:12]}")
+    prov = m.provenance
+    lines.append(
+        "provenance   "
+        + ", ".join(f"{k} {prov[k]}" for k in ("hybridrt", "torch", "onnx", "onnxscript", "opset") if k in prov)
+    )
+    if "source" in prov:
+        lines.append(f"source       {prov['source']}")
+    if m.quantization:
+        lines.append(f"quantization {m.quantization.get('mode')}")
+    if m.parity:
+        p = m.parity
+        lines.append(
+            f"parity       max |Δlogits| {p['max_abs_logits']:.2e}, max |Δstate| {p['max_abs_state']:.2e} "
+            f"(tolerance {p['tolerance']:g}; prompts {[c['seq'] for c in p['prompt']]}, "
+            f"{p['decode'].get('steps', 0)} decode steps)"
+        )
+    return "\n".join(lines)

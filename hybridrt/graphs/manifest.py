@@ -1,0 +1,154 @@
+"""`hybridrt.json`: the manifest that makes an exported directory self-describing.
+
+The runtime reads only this file and the graph; it never guesses. Torch-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import GraphError
+from .contract import TensorSpec
+
+SCHEMA_VERSION = 1
+MANIFEST = "hybridrt.json"
+GRAPH_FILES = {"onnx": "model.onnx", "torchscript": "model.pt", "pt2": "model.pt2"}
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+)
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class Manifest:
+    """What an exported directory holds. `config` is the HybridConfig as a dict."""
+
+    format: str
+    architecture: str
+    layer_types: list[str]
+    config: dict[str, Any]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    special_tokens: dict[str, Any]
+    max_length: int
+    vocab_size: int
+    logits: str = "all_positions"
+    quantization: dict[str, Any] | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    parity: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def graph_file(self) -> str:
+        return GRAPH_FILES[self.format]
+
+    @property
+    def pasts(self) -> list[TensorSpec]:
+        return [s for s in self.inputs if s.name.startswith("past.")]
+
+    @property
+    def presents(self) -> list[TensorSpec]:
+        return [s for s in self.outputs if s.name.startswith("present.")]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "format": self.format,
+            "architecture": self.architecture,
+            "layer_types": self.layer_types,
+            "logits": self.logits,
+            "max_length": self.max_length,
+            "vocab_size": self.vocab_size,
+            "special_tokens": self.special_tokens,
+            "inputs": [s.to_dict() for s in self.inputs],
+            "outputs": [s.to_dict() for s in self.outputs],
+            "quantization": self.quantization,
+            "provenance": self.provenance,
+            "parity": self.parity,
+            "files": self.files,
+            "config": self.config,
+        }
+
+    def write(self, directory: Path) -> Path:
+        path = directory / MANIFEST
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    def record_files(self, directory: Path) -> None:
+        """sha256 and size of every file in the directory but the manifest itself."""
+        self.files = {
+            p.name: {"sha256": sha256(p), "bytes": p.stat().st_size}
+            for p in sorted(directory.iterdir())
+            if p.is_file() and p.name != MANIFEST
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Manifest:
+        return cls(
+            format=d["format"],
+            architecture=d["architecture"],
+            layer_types=list(d["layer_types"]),
+            config=d["config"],
+            inputs=[TensorSpec.from_dict(s) for s in d["inputs"]],
+            outputs=[TensorSpec.from_dict(s) for s in d["outputs"]],
+            special_tokens=d.get("special_tokens", {}),
+            max_length=int(d["max_length"]),
+            vocab_size=int(d["vocab_size"]),
+            logits=d.get("logits", "all_positions"),
+            quantization=d.get("quantization"),
+            provenance=d.get("provenance", {}),
+            files=d.get("files", {}),
+            parity=d.get("parity", {}),
+            schema_version=int(d.get("schema_version", SCHEMA_VERSION)),
+        )
+
+
+def read_manifest(directory: str | Path) -> Manifest:
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not directory.is_dir():
+        raise GraphError(f"model directory not found: {directory}")
+    if not path.is_file():
+        raise GraphError(f"{directory} has no {MANIFEST}; export a checkpoint with `hybridrt export SRC -o {directory}`")
+    try:
+        data = json.loads(path.read_text())
+        manifest = Manifest.from_dict(data)
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise GraphError(f"{path} is corrupt or not a hybridrt manifest ({e!r}); re-export the model") from None
+    if manifest.schema_version > SCHEMA_VERSION:
+        raise GraphError(
+            f"{path} has schema version {manifest.schema_version}; this hybridrt reads up to {SCHEMA_VERSION}. "
+            "Upgrade hybridrt."
+        )
+    return manifest
+
+
+def verify_files(directory: Path, manifest: Manifest) -> None:
+    """Every file the manifest lists exists with its recorded size and sha256."""
+    for name, info in manifest.files.items():
+        path = directory / name
+        if not path.is_file():
+            raise GraphError(f"{path} is listed in {MANIFEST} but missing; the directory is incomplete")
+        if path.stat().st_size != info["bytes"] or sha256(path) != info["sha256"]:
+            raise GraphError(
+                f"{path} does not match the checksum in {MANIFEST}: the file is corrupt or was changed "
+                "after export; re-export the model"
+            )

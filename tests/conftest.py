@@ -1,0 +1,47 @@
+"""Session-scoped fixtures: tiny checkpoints and their exports, built once per run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from checkpoints import make_jamba, make_llama
+
+
+@pytest.fixture(scope="session")
+def jamba_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_jamba(tmp_path_factory.mktemp("jamba"))
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_llama(tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="session", params=["jamba", "llama"])
+def ckpt_dir(request: pytest.FixtureRequest) -> Path:
+    return request.getfixturevalue(f"{request.param}_dir")
+
+
+@pytest.fixture(scope="session")
+def jamba_onnx(jamba_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import hybridrt
+
+    out = tmp_path_factory.mktemp("jamba-onnx") / "model"
+    hybridrt.export(jamba_dir, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def llama_onnx(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import hybridrt
+
+    out = tmp_path_factory.mktemp("llama-onnx") / "model"
+    hybridrt.export(llama_dir, out)
+    return out
+
+
+@pytest.fixture(scope="session", params=["jamba", "llama"])
+def onnx_dir(request: pytest.FixtureRequest) -> Path:
+    return request.getfixturevalue(f"{request.param}_onnx")
