@@ -14,6 +14,7 @@ from .errors import (
     ProviderError,
     UnsupportedArchitectureError,
 )
+from .runtime import load
 
 __all__ = [
     "CheckpointError",
@@ -24,11 +25,12 @@ __all__ = [
     "ProviderError",
     "UnsupportedArchitectureError",
     "__version__",
-    "export",
+    "export_model",
+    "load",
 ]
 
 
-def export(src, out, **kwargs):  # type: ignore[no-untyped-def]
+def export_model(src, out, **kwargs):  # type: ignore[no-untyped-def]
     """Export a checkpoint directory to a graph directory (see hybridrt.export.export)."""
     from .export import export as _export
 

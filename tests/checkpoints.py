@@ -38,11 +38,26 @@ def make_jamba(directory: Path, seed: int = 0, **overrides: object) -> Path:
 
     torch.manual_seed(seed)
     kwargs = dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1,
-        expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2,
-        mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4, max_position_embeddings=512,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        num_experts=4,
+        num_experts_per_tok=2,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_dt_rank=4,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     kwargs.update(overrides)
     model = JambaForCausalLM(JambaConfig(**kwargs))
@@ -58,9 +73,16 @@ def make_llama(directory: Path, seed: int = 0, **overrides: object) -> Path:
 
     torch.manual_seed(seed)
     kwargs = dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     kwargs.update(overrides)
     model = LlamaForCausalLM(LlamaConfig(**kwargs))

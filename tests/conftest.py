@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from checkpoints import make_jamba, make_llama
 
 
@@ -29,7 +28,7 @@ def jamba_onnx(jamba_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     import hybridrt
 
     out = tmp_path_factory.mktemp("jamba-onnx") / "model"
-    hybridrt.export(jamba_dir, out)
+    hybridrt.export_model(jamba_dir, out)
     return out
 
 
@@ -38,7 +37,7 @@ def llama_onnx(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     import hybridrt
 
     out = tmp_path_factory.mktemp("llama-onnx") / "model"
-    hybridrt.export(llama_dir, out)
+    hybridrt.export_model(llama_dir, out)
     return out
 
 

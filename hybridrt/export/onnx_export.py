@@ -24,10 +24,13 @@ IR_VERSION = 10  # onnxruntime 1.2x-1.3x load up to IR 11-13; onnx 1.23 would wr
 EXTERNAL_DATA_THRESHOLD = 1 << 30  # bytes of parameters above which weights go to model.onnx.data
 
 
-def export_program(module: GraphModule, args: tuple[torch.Tensor, ...], dyn: tuple[object, ...]) -> torch.export.ExportedProgram:
+def export_program(
+    module: GraphModule, args: tuple[torch.Tensor, ...], dyn: tuple[object, ...]
+) -> torch.export.ExportedProgram:
     # backed_size_oblivious: sizes seen as 0 or 1 at run time (empty KV past, one-token
     # decode, batch 1) must not be specialized away from the example sizes.
-    with warnings.catch_warnings(), torch.fx.experimental._config.patch(backed_size_oblivious=True):
+    oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]
+    with warnings.catch_warnings(), oblivious:
         warnings.simplefilter("ignore")
         return torch.export.export(
             module, args, dynamic_shapes=dyn, strict=False, prefer_deferred_runtime_asserts_over_guards=True

@@ -26,7 +26,22 @@ def to_torchscript(module: GraphModule, args: tuple[torch.Tensor, ...], path: Pa
 
 
 def to_pt2(program: torch.export.ExportedProgram, path: Path) -> None:
-    torch.export.save(program, str(path))
+    torch.export.save(_without_size_asserts(program), str(path))
+
+
+def _without_size_asserts(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """Drop the `size != 1` runtime asserts that size-oblivious tracing leaves behind.
+
+    The trace is valid at size 1 (one-token decode, batch 1, empty past); the export
+    parity check runs exactly those sizes. The asserts would reject them.
+    """
+    graph = program.graph_module.graph
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten._assert_scalar.default:
+            graph.erase_node(node)
+    graph.eliminate_dead_code()
+    program.graph_module.recompile()
+    return program
 
 
 def load_torch_graph(path: Path):  # type: ignore[no-untyped-def]

@@ -46,9 +46,9 @@ def position_ids(mask: torch.Tensor, seq: int) -> torch.Tensor:
     return pos.clamp(min=0)[:, mask.shape[1] - seq :]
 
 
-def example_inputs(model: HybridForCausalLM) -> tuple[torch.Tensor, ...]:
+def example_inputs(model: HybridForCausalLM, seq: int = EXAMPLE_SEQ) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
-    b, l, p = EXAMPLE_BATCH, EXAMPLE_SEQ, EXAMPLE_PAST
+    b, l, p = EXAMPLE_BATCH, seq, EXAMPLE_PAST
     has_kv = "attention" in model.config.layer_types
     p = p if has_kv else 0
     ids = torch.randint(0, model.config.vocab_size, (b, l), generator=g)

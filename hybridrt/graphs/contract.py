@@ -15,7 +15,10 @@ A fresh sequence starts from zeros and a past of length 0.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..models.config import HybridConfig as ConfigLike
 
 Dim = str | int
 
@@ -41,19 +44,6 @@ class TensorSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TensorSpec:
         return cls(d["name"], tuple(d["dims"]), d["dtype"], d["kind"], d.get("layer"))
-
-
-class ConfigLike(Protocol):
-    layer_types: tuple[str, ...]
-    num_key_value_heads: int
-    vocab_size: int
-    d_inner: int
-    mamba_d_conv: int
-    mamba_d_state: int
-    rope_theta: float | None
-
-    @property
-    def attn_head_dim(self) -> int: ...
 
 
 def _layer_states(cfg: ConfigLike, i: int, kind: str, prefix: str, length: str) -> list[TensorSpec]:

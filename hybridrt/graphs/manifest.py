@@ -127,7 +127,9 @@ def read_manifest(directory: str | Path) -> Manifest:
     if not directory.is_dir():
         raise GraphError(f"model directory not found: {directory}")
     if not path.is_file():
-        raise GraphError(f"{directory} has no {MANIFEST}; export a checkpoint with `hybridrt export SRC -o {directory}`")
+        raise GraphError(
+            f"{directory} has no {MANIFEST}; export a checkpoint with `hybridrt export SRC -o {directory}`"
+        )
     try:
         data = json.loads(path.read_text())
         manifest = Manifest.from_dict(data)

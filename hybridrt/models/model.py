@@ -7,6 +7,8 @@ State in, state out: `forward` takes the flat list of past states in graph-contr
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -28,6 +30,7 @@ class Block(nn.Module):
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mixer = MIXERS[kind](cfg)
         self.ffn: nn.Module | None = None
+        self.ffn_norm: nn.Module | None = None
         if ffn != "none":
             self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
             self.ffn = FFNS[ffn](cfg)
@@ -78,7 +81,8 @@ class HybridForCausalLM(nn.Module):
         token_mask = attention_mask[:, attention_mask.shape[1] - l :]
         out: list[torch.Tensor] = []
         i = 0
-        for block in self.model.layers:
+        for layer in self.model.layers:
+            block = cast(Block, layer)
             h = block.input_norm(x)
             s0, s1 = states[i], states[i + 1]
             if block.kind == "attention":
@@ -89,7 +93,7 @@ class HybridForCausalLM(nn.Module):
             out += [s0, s1]
             i += 2
             x = x + h
-            if block.ffn is not None:
+            if block.ffn is not None and block.ffn_norm is not None:
                 x = x + block.ffn(block.ffn_norm(x))
         logits = self.lm_head(self.model.norm(x))
         return logits, out

@@ -90,8 +90,11 @@ def rope_settings(model_type: str, hf: dict[str, Any], default_theta: float = 10
     params = dict(params)
     rope_type = params.pop("rope_type", params.pop("type", "default")) or "default"
     theta = float(params.pop("rope_theta", hf.get("rope_theta", default_theta)))
-    needed = {"default": (), "linear": ("factor",), "llama3": (
-        "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+    needed = {
+        "default": (),
+        "linear": ("factor",),
+        "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    }
     if rope_type not in needed:
         raise unsupported(model_type, f"{field}.rope_type", rope_type, ", ".join(needed))
     scaling = tuple((k, float(params[k])) for k in needed[rope_type] if k in params)

@@ -1,0 +1,128 @@
+"""Exported graphs vs the PyTorch reference, and the exported directory itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import hybridrt
+from hybridrt.export.trace import GraphModule, dynamic_shapes, example_inputs, feeds
+from hybridrt.export.validate import measure_parity, ort_runner, torch_runner
+from hybridrt.graphs.contract import input_specs, output_specs
+from hybridrt.graphs.manifest import read_manifest
+from hybridrt.models.checkpoint import load_model
+from hybridrt.models.state import zero_states
+
+TOL = 1e-4
+UNSEEN = (1, 3, 33, 129)  # the graph was traced at length 5
+
+
+def _compare(model, run, length: int, past: int = 0) -> float:  # type: ignore[no-untyped-def]
+    g = torch.Generator().manual_seed(length)
+    cfg = model.config
+    ids = torch.randint(0, cfg.vocab_size, (2, length), generator=g)
+    mask = torch.ones(2, past + length, dtype=torch.long)
+    states = zero_states(cfg, 2, past if "attention" in cfg.layer_types else 0)
+    states = [s.normal_(generator=g) * 0.5 for s in states]
+    args = feeds(model, ids, mask, states)
+    with torch.no_grad():
+        logits, ref_states = model(args[0], args[1], args[2] if cfg.rope_theta else None, states)
+    out = run(args)
+    errs = [np.abs(out[0] - logits.numpy()).max()]
+    errs += [np.abs(o - r.numpy()).max() for o, r in zip(out[1:], ref_states)]
+    return float(max(errs))
+
+
+@pytest.mark.parametrize("length", UNSEEN)
+def test_onnx_matches_reference_at_unseen_lengths(onnx_dir: Path, length: int) -> None:
+    manifest = read_manifest(onnx_dir)
+    model, _ = load_model(manifest.provenance["source"])
+    run = ort_runner(onnx_dir / "model.onnx", model)
+    assert _compare(model, run, length) <= TOL
+    assert _compare(model, run, length, past=11) <= TOL  # continuing from non-zero states
+
+
+def test_manifest_records_passing_parity(onnx_dir: Path) -> None:
+    parity = read_manifest(onnx_dir).parity
+    assert parity["passed"] is True
+    assert [c["seq"] for c in parity["prompt"]] == [1, 7, 64, 300]
+    assert parity["decode"]["steps"] == 16
+    assert 0 <= parity["max_abs_logits"] <= TOL
+
+
+def test_manifest_describes_graph(onnx_dir: Path) -> None:
+    manifest = read_manifest(onnx_dir)
+    graph = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False)
+    assert [i.name for i in graph.graph.input] == [s.name for s in manifest.inputs]
+    assert [o.name for o in graph.graph.output] == [s.name for s in manifest.outputs]
+    for value, spec in zip(graph.graph.input, manifest.inputs):
+        dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+        assert dims == list(spec.dims)
+    assert set(manifest.files) >= {"model.onnx", "tokenizer.json"}
+    data = json.loads((onnx_dir / "hybridrt.json").read_text())
+    for key in ("schema_version", "architecture", "layer_types", "provenance", "files", "parity", "special_tokens"):
+        assert key in data
+    onnx.checker.check_model(str(onnx_dir / "model.onnx"))
+
+
+def test_node_names_are_hierarchical(jamba_onnx: Path) -> None:
+    names = [n.name for n in onnx.load(str(jamba_onnx / "model.onnx")).graph.node]
+    assert len(names) == len(set(names))
+    assert "/model/layers.0/mixer/in_proj/MatMul" in names
+    assert any(n.startswith("/model/layers.1/mixer/") for n in names)
+    assert any(n.startswith("/lm_head/") for n in names)
+
+
+def test_node_count_does_not_depend_on_trace_length(jamba_dir: Path, tmp_path: Path) -> None:
+    """Nothing is unrolled over time: tracing at 5 or 37 tokens gives the same graph size."""
+    from hybridrt.export.onnx_export import export_program, to_onnx
+
+    model, _ = load_model(jamba_dir)
+    module = GraphModule(model).eval()
+    counts = []
+    for seq in (5, 37):
+        with torch.no_grad():
+            program = export_program(module, example_inputs(model, seq), dynamic_shapes(model))
+            graph = to_onnx(program, module, tmp_path / f"m{seq}.onnx")
+        counts.append(len(graph.graph.node))
+    assert counts[0] == counts[1]
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "pt2"])
+def test_torch_graph_matches_reference(jamba_dir: Path, tmp_path: Path, fmt: str) -> None:
+    from hybridrt.export.torch_export import load_torch_graph
+
+    manifest = hybridrt.export_model(jamba_dir, tmp_path / "out", format=fmt)
+    path = tmp_path / "out" / manifest.graph_file
+    model, _ = load_model(jamba_dir)
+    run = torch_runner(load_torch_graph(path))
+    for length in UNSEEN:
+        assert _compare(model, run, length) <= TOL
+    assert manifest.parity["passed"] is True
+
+
+def test_contract_lists_states_per_layer_kind(jamba_dir: Path) -> None:
+    model, _ = load_model(jamba_dir)
+    names = [s.name for s in input_specs(model.config)]
+    assert names[:2] == ["input_ids", "attention_mask"]
+    assert names[2:6] == ["past.0.conv", "past.0.ssm", "past.1.key", "past.1.value"]
+    outs = [s.name for s in output_specs(model.config)]
+    assert outs[0] == "logits" and outs[1] == "present.0.conv"
+
+
+def test_full_parity_measurement_fails_a_wrong_graph(jamba_dir: Path) -> None:
+    """The export gate can fail: a graph that is off by a little is reported as failing."""
+    model, _ = load_model(jamba_dir)
+
+    def wrong(args):  # type: ignore[no-untyped-def]
+        with torch.no_grad():
+            logits, states = model(args[0], args[1], None, list(args[2:]))
+        return [logits.numpy() + 1e-3] + [s.numpy() for s in states]
+
+    report = measure_parity(model, wrong, lengths=(7,))
+    assert report["passed"] is False and report["max_abs_logits"] >= 1e-3
