@@ -1,0 +1,130 @@
+"""The decode loop: prefill once, then one token per step from the carried states.
+
+Shapes: b = batch rows, l = padded prompt length, V = vocabulary size.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .sampling import GenerationConfig, sample
+from .state import Cache
+
+StopCheck = Callable[[list[int]], bool]
+
+
+@dataclass
+class Progress:
+    """What a generation did: the new tokens per row, timings, and the last sampled tokens,
+    which the states have not seen yet (a chat session feeds them first on its next turn)."""
+
+    tokens: list[list[int]] = field(default_factory=list)
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decode_tokens: int = 0
+    pending: np.ndarray | None = None
+
+    @property
+    def prefill_ms(self) -> float:
+        return self.prefill_s * 1e3
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token lists -> ids [b, l] int64 and mask [b, l] int64, padded on the left (mask 0)."""
+    width = max(len(p) for p in prompts)
+    ids = np.full((len(prompts), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(prompts), width), dtype=np.int64)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p) :] = p
+        mask[r, width - len(p) :] = 1
+    return ids, mask
+
+
+def seen_tokens(history: Sequence[Sequence[int]], vocab: int) -> np.ndarray:
+    """[b, V] bool: which tokens each row has seen, for the repetition penalty."""
+    seen = np.zeros((len(history), vocab), dtype=bool)
+    for r, ids in enumerate(history):
+        seen[r, np.asarray(ids, dtype=np.int64)] = True
+    return seen
+
+
+def prefill(cache: Cache, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Run the prompt [b, l] in one parallel call; returns last-position logits [b, V]."""
+    return cache.forward(ids, mask)
+
+
+def decode_step(cache: Cache, tokens: np.ndarray, ones: np.ndarray) -> np.ndarray:
+    """Feed one token per row [b] from the carried states; returns logits [b, V]."""
+    return cache.forward(tokens[:, None], ones)
+
+
+def generate(
+    cache: Cache,
+    prompts: Sequence[Sequence[int]],
+    cfg: GenerationConfig,
+    eos: Sequence[int],
+    pad_id: int,
+    progress: Progress,
+    history: Sequence[Sequence[int]] | None = None,
+    stop: StopCheck | None = None,
+) -> Iterator[np.ndarray]:
+    """Prefill `prompts`, then sample up to cfg.max_new_tokens; yields each step's tokens [b].
+
+    A row stops after an EOS token (kept in its output, as transformers does) or when `stop`
+    says its tokens so far end it; finished rows are fed `pad_id` and not recorded.
+    `history` (default: the prompts) is what the repetition penalty counts as seen.
+    """
+    b = len(prompts)
+    rng = np.random.default_rng(cfg.seed)
+    ids, mask = left_pad(prompts, pad_id)
+    progress.tokens = [[] for _ in range(b)]
+    progress.prompt_tokens = int(mask.sum())
+    t0 = time.perf_counter()
+    logits = prefill(cache, ids, mask)
+    progress.prefill_s = time.perf_counter() - t0
+    seen = seen_tokens(history or prompts, cache.vocab) if cfg.repetition_penalty != 1.0 else None
+    eos_ids = np.asarray(eos, dtype=np.int64)
+    ones, rows = np.ones((b, 1), dtype=np.int64), np.arange(b)
+    live = np.ones(b, dtype=bool)
+    t0 = time.perf_counter()
+    try:
+        for step in range(cfg.max_new_tokens):
+            if step:
+                logits = decode_step(cache, progress.pending, ones)  # type: ignore[arg-type]
+                progress.decode_tokens += int(live.sum())
+            tokens = sample(logits, cfg, rng, seen, eos if step < cfg.min_new_tokens else ())
+            tokens[~live] = pad_id
+            progress.pending = tokens
+            live = _record(progress.tokens, tokens, live, eos_ids, stop)
+            if seen is not None:
+                seen[rows, tokens] = True
+            yield tokens
+            if not live.any():
+                break
+    finally:
+        progress.decode_s = time.perf_counter() - t0
+
+
+def _record(
+    out: list[list[int]], tokens: np.ndarray, live: np.ndarray, eos: np.ndarray, stop: StopCheck | None
+) -> np.ndarray:
+    """Append each live row's token; returns which rows go on."""
+    finished = np.isin(tokens, eos)
+    for r in np.flatnonzero(live):
+        out[r].append(int(tokens[r]))
+        if stop is not None and not finished[r] and stop(out[r]):
+            finished[r] = True
+    return live & ~finished

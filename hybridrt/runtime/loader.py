@@ -1,0 +1,132 @@
+"""`load(dir)`: read the manifest, check the files, open one ONNX Runtime session, check the
+graph against the manifest. Every failure is a GraphError or ProviderError naming the fix."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..errors import GraphError, ProviderError
+from ..graphs.contract import TensorSpec
+from ..graphs.manifest import MANIFEST, Manifest, read_manifest, verify_files
+from .default import DEFAULT_NAME, default_model_dir
+from .model import Model
+from .providers import CPU, ProviderRequest, Selection, device_of, select_providers
+from .text import load_tokenizer
+
+log = logging.getLogger("hybridrt.runtime")
+
+ORT_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+}
+
+
+def load(
+    path: str | Path,
+    provider: ProviderRequest = "auto",
+    *,
+    allow_fallback: bool = False,
+    threads: int | None = None,
+    verify: bool = True,
+    io_binding: bool = True,
+) -> Model:
+    """Open an exported directory (or "default") for generation.
+
+    provider: "auto", "cpu", "cuda", "acl", "xnnpack", a full ONNX Runtime name, a
+      (name, {"device_id": 0, "threads": 4}) tuple, or an ordered list of these.
+    allow_fallback: run on CPU, with a logged warning, when a named provider is missing.
+    threads: intra-op threads of the CPU provider (default: ONNX Runtime's choice).
+    verify: check every file's sha256 against the manifest (reads the whole graph once).
+    io_binding: keep states on the device with IO binding (False: plain session.run).
+    """
+    import onnxruntime as ort
+
+    directory = default_model_dir() if str(path) == DEFAULT_NAME else Path(path)
+    manifest = read_manifest(directory)
+    if manifest.format != "onnx":
+        raise GraphError(f"{directory} holds a {manifest.format} graph; the runtime runs ONNX (export --format onnx)")
+    if verify:
+        verify_files(directory, manifest)
+    graph = directory / manifest.graph_file
+    if not graph.is_file():
+        raise GraphError(f"{graph} is missing; the directory is incomplete, re-export the model")
+    auto = isinstance(provider, str) and provider.lower() == "auto"
+    selection = select_providers(
+        provider, ort.get_available_providers(), allow_fallback=allow_fallback, threads=threads
+    )
+    session = _session(ort, graph, selection)
+    _check_providers(session, selection, strict=not (auto or allow_fallback))
+    check_graph(session, manifest, directory)
+    name = session.get_providers()[0]
+    device = device_of(name, session.get_provider_options().get(name, {}))
+    return Model(directory, manifest, session, load_tokenizer(directory), device, io_binding=io_binding)
+
+
+def _session(ort: Any, graph: Path, selection: Selection) -> Any:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if selection.threads is not None:
+        opts.intra_op_num_threads = selection.threads
+    try:
+        return ort.InferenceSession(str(graph), opts, providers=selection.providers)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise GraphError(
+            f"ONNX Runtime cannot load {graph}: {first}; the file is corrupt, re-export the model"
+        ) from None
+
+
+def _check_providers(session: Any, selection: Selection, strict: bool) -> None:
+    """A provider that is installed can still fail to start (no driver); say so."""
+    used = session.get_providers()
+    failed = [n for n in selection.names if n != CPU and n not in used and n not in selection.fell_back]
+    if not failed:
+        return
+    if strict:
+        raise ProviderError(
+            f"execution provider {', '.join(failed)} is installed but could not start (session uses "
+            f"{', '.join(used)}); check the driver and libraries, or pass allow_fallback=True"
+        )
+    log.warning("execution provider %s could not start; running on %s", ", ".join(failed), ", ".join(used))
+
+
+def check_graph(session: Any, manifest: Manifest, directory: Path) -> None:
+    """The session's inputs and outputs are the manifest's, in order, with its ranks and dtypes."""
+    for kind, specs, args in (
+        ("input", manifest.inputs, session.get_inputs()),
+        ("output", manifest.outputs, session.get_outputs()),
+    ):
+        want, have = [s.name for s in specs], [a.name for a in args]
+        if want != have:
+            missing = [n for n in want if n not in have]
+            extra = [n for n in have if n not in want]
+            raise GraphError(
+                f"{directory / MANIFEST} does not match {manifest.graph_file}: {kind}s differ "
+                f"(manifest only: {missing or 'none'}; graph only: {extra or 'none'}"
+                f"{'; order differs' if not missing and not extra else ''}); re-export the model"
+            )
+        for spec, arg in zip(specs, args):
+            problem = _mismatch(spec, arg)
+            if problem:
+                raise GraphError(
+                    f"{directory / MANIFEST} does not match {manifest.graph_file}: {kind} {spec.name} {problem}; "
+                    "re-export the model"
+                )
+    for name in ("input_ids", "attention_mask"):
+        if name not in [s.name for s in manifest.inputs]:
+            raise GraphError(f"{directory / MANIFEST} declares no {name} input; this is not a hybridrt graph")
+
+
+def _mismatch(spec: TensorSpec, arg: Any) -> str | None:
+    if len(arg.shape) != len(spec.dims):
+        return f"has rank {len(arg.shape)} in the graph but {len(spec.dims)} in the manifest"
+    if ORT_TYPES.get(arg.type, arg.type) != spec.dtype:
+        return f"is {arg.type} in the graph but {spec.dtype} in the manifest"
+    for g, m in zip(arg.shape, spec.dims):
+        if isinstance(g, int) and isinstance(m, int) and g != m:
+            return f"has shape {arg.shape} in the graph but {list(spec.dims)} in the manifest"
+    return None

@@ -1,0 +1,70 @@
+"""Execution provider selection on declared provider lists, and for real on this machine."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import onnxruntime as ort
+import pytest
+
+import hybridrt
+from hybridrt.runtime.providers import CPU, CUDA, select_providers
+
+ACL, XNNPACK = "ACLExecutionProvider", "XnnpackExecutionProvider"
+
+
+@pytest.mark.parametrize(
+    ("available", "expected"),
+    [
+        ([CPU], [CPU]),
+        (["AzureExecutionProvider", CPU], [CPU]),
+        ([CPU, CUDA, "TensorrtExecutionProvider"], [CUDA, CPU]),
+        ([XNNPACK, ACL, CPU], [ACL, XNNPACK, CPU]),
+        ([XNNPACK, CPU], [XNNPACK, CPU]),
+        ([], [CPU]),
+    ],
+)
+def test_auto_walks_the_preference_order(available: list[str], expected: list[str]) -> None:
+    assert select_providers("auto", available).names == expected
+
+
+def test_aliases_lists_and_options() -> None:
+    sel = select_providers([("cuda", {"device_id": 1}), "cpu"], [CUDA, CPU], threads=3)
+    assert sel.providers == [(CUDA, {"device_id": "1"}), (CPU, {})]
+    assert sel.threads == 3
+    assert select_providers(("cpu", {"threads": 2}), [CPU]).threads == 2
+    assert select_providers("XnnpackExecutionProvider", [XNNPACK, CPU]).names == [XNNPACK, CPU]
+
+
+@pytest.mark.parametrize(("name", "hint"), [("cuda", "onnxruntime-gpu"), ("acl", "--use_acl"), ("xnnpack", "xnnpack")])
+def test_unavailable_provider_says_what_is_installed_and_how_to_get_it(name: str, hint: str) -> None:
+    with pytest.raises(hybridrt.ProviderError, match=hint) as err:
+        select_providers(name, ["AzureExecutionProvider", CPU])
+    assert "installed: AzureExecutionProvider, CPUExecutionProvider" in str(err.value)
+
+
+def test_fallback_logs_a_warning_and_uses_cpu(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="hybridrt.runtime"):
+        sel = select_providers("cuda", [CPU], allow_fallback=True)
+    assert sel.names == [CPU]
+    assert "CUDAExecutionProvider is not available" in caplog.text
+
+
+def test_unreadable_request() -> None:
+    with pytest.raises(hybridrt.ProviderError):
+        select_providers([42], [CPU])  # type: ignore[list-item]
+    with pytest.raises(hybridrt.ProviderError):
+        select_providers([], [CPU])
+
+
+def test_load_reports_the_providers_it_runs_on(jamba_onnx: Path, caplog: pytest.LogCaptureFixture) -> None:
+    assert hybridrt.load(jamba_onnx, "cpu", threads=1).providers == [CPU]
+    if CUDA in ort.get_available_providers():
+        assert hybridrt.load(jamba_onnx, "cuda").providers[0] == CUDA
+        return
+    with pytest.raises(hybridrt.ProviderError, match="onnxruntime-gpu"):
+        hybridrt.load(jamba_onnx, "cuda")
+    with caplog.at_level(logging.WARNING, logger="hybridrt.runtime"):
+        assert hybridrt.load(jamba_onnx, "cuda", allow_fallback=True).providers == [CPU]
+    assert "falling back to CPU" in caplog.text

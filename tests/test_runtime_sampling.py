@@ -1,0 +1,93 @@
+"""Sampling: seeds, the top-k/top-p/repetition transforms against transformers', validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import hybridrt
+from hybridrt.runtime.sampling import GenerationConfig, apply_repetition_penalty, sample, top_k_filter, top_p_filter
+
+PROMPT = [5, 17, 42, 99, 7]
+
+
+def test_same_seed_same_tokens(jamba_onnx: Path) -> None:
+    model = hybridrt.load(jamba_onnx)
+    kw = {"max_new_tokens": 32, "do_sample": True, "temperature": 0.9, "top_p": 0.95}
+    a = model.generate(PROMPT, seed=7, **kw)
+    assert a == model.generate(PROMPT, seed=7, **kw)
+    assert a != model.generate(PROMPT, seed=8, **kw)
+
+
+def test_top_k_1_equals_greedy(onnx_dir: Path) -> None:
+    model = hybridrt.load(onnx_dir)
+    greedy = model.generate(PROMPT, max_new_tokens=24)
+    assert model.generate(PROMPT, max_new_tokens=24, do_sample=True, top_k=1, temperature=0.7, seed=3) == greedy
+
+
+def test_sampled_frequencies_follow_the_distribution() -> None:
+    p = np.array([0.5, 0.3, 0.2, 0.0])
+    logits = np.log(np.maximum(p, 1e-30))[None].repeat(20000, axis=0).astype(np.float32)
+    tokens = sample(logits, GenerationConfig(do_sample=True), np.random.default_rng(0))
+    freq = np.bincount(tokens, minlength=4) / len(tokens)
+    assert np.abs(freq - p).max() < 0.015
+
+
+def test_filters_keep_what_transformers_keeps() -> None:
+    from transformers.generation.logits_process import (
+        RepetitionPenaltyLogitsProcessor,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(4, 50)).astype(np.float32) * 3
+    ids = torch.from_numpy(rng.integers(0, 50, (4, 6)))
+    for k in (1, 5, 49):
+        ours = logits.copy()
+        top_k_filter(ours, k)
+        ref = TopKLogitsWarper(k)(ids, torch.from_numpy(logits.copy())).numpy()
+        assert np.array_equal(np.isinf(ours), np.isinf(ref))
+    for p in (0.05, 0.5, 0.9):
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        top_p_filter(probs, p)
+        ref = TopPLogitsWarper(p)(ids, torch.from_numpy(logits.copy())).numpy()
+        assert np.array_equal(probs == 0, np.isinf(ref))
+    seen = np.zeros_like(logits, dtype=bool)
+    seen[np.arange(4)[:, None], ids.numpy()] = True
+    ours = logits.copy()
+    apply_repetition_penalty(ours, seen, 1.3)
+    ref = RepetitionPenaltyLogitsProcessor(1.3)(ids, torch.from_numpy(logits.copy())).numpy()
+    np.testing.assert_allclose(ours, ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"do_sample": True, "temperature": 0.0},
+        {"temperature": -1.0},
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"top_k": -1},
+        {"repetition_penalty": 0.0},
+        {"max_new_tokens": 0},
+        {"min_new_tokens": -1},
+        {"eos_token_id": "x"},
+        {"stop_strings": [""]},
+        {"temprature": 0.5},
+    ],
+)
+def test_invalid_generation_parameters_are_rejected_before_any_work(jamba_onnx: Path, kwargs: dict) -> None:
+    model = hybridrt.load(jamba_onnx)
+    with pytest.raises(hybridrt.GenerationError):
+        model.generate(PROMPT, **kwargs)
+    assert model.last_stats is None
+
+
+def test_temperature_zero_without_do_sample_is_greedy(jamba_onnx: Path) -> None:
+    model = hybridrt.load(jamba_onnx)
+    assert model.generate(PROMPT, max_new_tokens=8, temperature=0) == model.generate(PROMPT, max_new_tokens=8)
