@@ -102,9 +102,6 @@ def generate(
     t0 = time.perf_counter()
     try:
         for step in range(cfg.max_new_tokens):
-            if step:
-                logits = decode_step(cache, progress.pending, ones)  # type: ignore[arg-type]
-                progress.decode_tokens += int(live.sum())
             tokens = sample(logits, cfg, rng, seen, eos if step < cfg.min_new_tokens else ())
             tokens[~live] = pad_id
             progress.pending = tokens
@@ -112,8 +109,10 @@ def generate(
             if seen is not None:
                 seen[rows, tokens] = True
             yield tokens
-            if not live.any():
+            if not live.any() or step + 1 == cfg.max_new_tokens:
                 break
+            logits = decode_step(cache, tokens, ones)
+            progress.decode_tokens += int(live.sum())
     finally:
         progress.decode_s = time.perf_counter() - t0
 

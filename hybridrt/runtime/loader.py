@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GraphError, ProviderError
-from ..graphs.contract import TensorSpec
+from ..graphs.contract import TensorSpec, present_name
 from ..graphs.manifest import MANIFEST, Manifest, read_manifest, verify_files
 from .default import DEFAULT_NAME, default_model_dir
 from .model import Model
@@ -76,7 +76,8 @@ def _session(ort: Any, graph: Path, selection: Selection) -> Any:
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise GraphError(
-            f"ONNX Runtime cannot load {graph}: {first}; the file is corrupt, re-export the model"
+            f"ONNX Runtime cannot load {graph}: {first}; the file is corrupt (re-export the model) "
+            "or needs a newer onnxruntime"
         ) from None
 
 
@@ -119,6 +120,13 @@ def check_graph(session: Any, manifest: Manifest, directory: Path) -> None:
     for name in ("input_ids", "attention_mask"):
         if name not in [s.name for s in manifest.inputs]:
             raise GraphError(f"{directory / MANIFEST} declares no {name} input; this is not a hybridrt graph")
+    # The runtime relies on logits first, then one present per past in the same order.
+    expected = ["logits"] + [present_name(s.name) for s in manifest.pasts]
+    if [s.name for s in manifest.outputs] != expected:
+        raise GraphError(
+            f"{directory / MANIFEST} lists outputs {[s.name for s in manifest.outputs]}, expected {expected}; "
+            "this is not a hybridrt graph"
+        )
 
 
 def _mismatch(spec: TensorSpec, arg: Any) -> str | None:
