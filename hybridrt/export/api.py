@@ -92,7 +92,7 @@ def _write(
             from .onnx_export import export_program
 
             try:
-                program = export_program(module, args, dynamic_shapes(model))
+                program = export_program(module, args, dynamic_shapes(model), fused=format == "onnx")
             except Exception as e:
                 raise ExportError(f"torch.export failed for {model.config.model_type}: {e}") from e
             if format == "pt2":

@@ -8,6 +8,7 @@ custom_translation_table is the route to onnxruntime's com.microsoft fused opera
 
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 import torch.fx.experimental._config
 
 from ..graphs.contract import input_specs, output_specs
+from ..models.ops import fused_ops, onnx_translations
 from .trace import GraphModule
 
 OPSET = 20
@@ -25,12 +27,15 @@ EXTERNAL_DATA_THRESHOLD = 1 << 30  # bytes of parameters above which weights go 
 
 
 def export_program(
-    module: GraphModule, args: tuple[torch.Tensor, ...], dyn: tuple[object, ...]
+    module: GraphModule, args: tuple[torch.Tensor, ...], dyn: tuple[object, ...], fused: bool = False
 ) -> torch.export.ExportedProgram:
+    """torch.export of the graph module; `fused` routes mixers through the custom ops that
+    become onnxruntime fused operators (ONNX only)."""
     # backed_size_oblivious: sizes seen as 0 or 1 at run time (empty KV past, one-token
     # decode, batch 1) must not be specialized away from the example sizes.
     oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]
-    with warnings.catch_warnings(), oblivious:
+    fused_ctx = fused_ops() if fused else contextlib.nullcontext()
+    with warnings.catch_warnings(), oblivious, fused_ctx:
         warnings.simplefilter("ignore")
         return torch.export.export(
             module, args, dynamic_shapes=dyn, strict=False, prefer_deferred_runtime_asserts_over_guards=True
@@ -49,6 +54,7 @@ def to_onnx(program: torch.export.ExportedProgram, module: GraphModule, path: Pa
             opset_version=OPSET,
             dynamo=True,
             optimize=True,
+            custom_translation_table=onnx_translations(),  # type: ignore[arg-type]
             verbose=False,
         )
     assert onnx_program is not None

@@ -12,7 +12,7 @@ from torch import nn
 
 from .config import HybridConfig
 from .layers import RMSNorm
-from .scan import linear_scan
+from .ops import selective_scan
 
 
 def causal_conv(
@@ -63,9 +63,8 @@ class MambaMixer(nn.Module):
             dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)
         dt = F.softplus(self.dt_proj(dt))  # [b, l, d_inner]
         A = -torch.exp(self.A_log.float())  # [d_inner, n]
-        decay = torch.exp(dt.unsqueeze(-1) * A)  # [b, l, d_inner, n]
-        u = (dt * xs).unsqueeze(-1) * B.unsqueeze(2)  # [b, l, d_inner, n]
-        h, ssm_state = linear_scan(decay, u, ssm_state, self.chunk, self.max_len)
-        y = (h * C.unsqueeze(2)).sum(-1) + xs * self.D  # [b, l, d_inner]
+        log_decay = dt.unsqueeze(-1) * A  # [b, l, d_inner, n]
+        y, ssm_state = selective_scan(dt * xs, B, C, log_decay, ssm_state, self.chunk, self.max_len)
+        y = y + xs * self.D  # [b, l, d_inner]
         y = y * F.silu(z)
         return self.out_proj(y), conv_state, ssm_state

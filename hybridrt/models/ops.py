@@ -1,0 +1,124 @@
+"""Fused-kernel seams: torch custom ops whose PyTorch body is the reference computation and
+whose ONNX translation is an onnxruntime `com.microsoft` operator.
+
+`selective_scan` is the Mamba1 recurrence h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t,
+y_t = C_t h_t. Glossary: b batch, l length, H channels (d_inner), n d_state.
+In ONNX it becomes one `LinearAttention` node (update_rule "gated", decay per key
+dimension, d_k = n, d_v = 1) that runs prompt (l > 1) and decode (l = 1) alike.
+TorchScript and pt2 graphs keep the plain PyTorch path (no custom op inside), so that
+LibTorch and ExecuTorch load them without hybridrt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from .scan import linear_scan
+
+_FUSED = False
+
+
+@contextlib.contextmanager
+def fused_ops() -> Iterator[None]:
+    """Within this block, mixers call the custom ops (for ONNX export)."""
+    global _FUSED
+    previous, _FUSED = _FUSED, True
+    try:
+        yield
+    finally:
+        _FUSED = previous
+
+
+def _scan_reference(
+    xdt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    log_decay: torch.Tensor,
+    h0: torch.Tensor,
+    chunk: int,
+    max_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """xdt [b, l, H], B, C [b, l, n], log_decay [b, l, H, n], h0 [b, H, n] -> y [b, l, H], h [b, H, n]."""
+    u = xdt.unsqueeze(-1) * B.unsqueeze(2)  # [b, l, H, n]
+    h, last = linear_scan(torch.exp(log_decay), u, h0, chunk, max_len)
+    return (h * C.unsqueeze(2)).sum(-1), last
+
+
+@torch.library.custom_op("hybridrt::selective_scan", mutates_args=())
+def _selective_scan_op(
+    xdt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    log_decay: torch.Tensor,
+    h0: torch.Tensor,
+    chunk: int,
+    max_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    y, h = _scan_reference(xdt, B, C, log_decay, h0, chunk, max_len)
+    return y.contiguous(), h.contiguous()
+
+
+@_selective_scan_op.register_fake
+def _(xdt, B, C, log_decay, h0, chunk, max_len):  # type: ignore[no-untyped-def]
+    return torch.empty_like(xdt), torch.empty_like(h0)
+
+
+def selective_scan(
+    xdt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    log_decay: torch.Tensor,
+    h0: torch.Tensor,
+    chunk: int,
+    max_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if _FUSED:
+        return _selective_scan_op(xdt, B, C, log_decay, h0, chunk, max_len)
+    return _scan_reference(xdt, B, C, log_decay, h0, chunk, max_len)
+
+
+def onnx_translations() -> dict[object, object]:
+    """custom_translation_table entries for torch.onnx.export."""
+    from onnx.defs import OpSchema
+    from onnxscript import opset20, values
+
+    T = "T"
+    schema = OpSchema(
+        "LinearAttention",
+        "com.microsoft",
+        1,
+        inputs=[
+            OpSchema.FormalParameter("query", T),
+            OpSchema.FormalParameter("key", T),
+            OpSchema.FormalParameter("value", T),
+            OpSchema.FormalParameter("past_state", T),
+            OpSchema.FormalParameter("decay", T),
+        ],
+        outputs=[OpSchema.FormalParameter("output", T), OpSchema.FormalParameter("present_state", T)],
+        type_constraints=[(T, ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "")],
+        attributes=[
+            OpSchema.Attribute("update_rule", OpSchema.AttrType.STRING, ""),
+            OpSchema.Attribute("q_num_heads", OpSchema.AttrType.INT, ""),
+            OpSchema.Attribute("kv_num_heads", OpSchema.AttrType.INT, ""),
+            OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, ""),
+        ],
+    )
+    op: Any = opset20  # onnxscript's stubs do not type python constants as tensors
+    linear_attention = values.Op(values.Opset("com.microsoft", 1), "LinearAttention", schema)
+
+    def selective_scan_onnx(xdt, B, C, log_decay, h0, chunk, max_len):  # type: ignore[no-untyped-def]
+        H = xdt.shape[2]
+        packed = op.Constant(value_ints=[0, 0, -1])
+        tile = op.Constant(value_ints=[1, 1, H, 1])
+        q = op.Reshape(op.Expand(op.Unsqueeze(C, [2]), tile), packed)
+        k = op.Reshape(op.Expand(op.Unsqueeze(B, [2]), tile), packed)
+        g = op.Reshape(log_decay, packed)
+        past = op.Unsqueeze(h0, [3])  # [b, H, n, 1]
+        y, state = linear_attention(q, k, xdt, past, g, update_rule="gated", q_num_heads=H, kv_num_heads=H, scale=1.0)
+        return y, op.Squeeze(state, [3])
+
+    return {torch.ops.hybridrt.selective_scan.default: selective_scan_onnx}
