@@ -33,8 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..runtime import load
+    from .common import model_dir
 
-    model = load(args.model, args.provider, allow_fallback=args.allow_fallback, threads=args.threads)
+    model = load(model_dir(args.model), args.provider, allow_fallback=args.allow_fallback, threads=args.threads)
     kwargs = {
         k: getattr(args, k)
         for k in ("max_new_tokens", "min_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed")

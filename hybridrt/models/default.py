@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import CheckpointError
+from ..runtime.default import CHECKPOINT_DIR, DEFAULT_NAME, cached_export_dir, fingerprint
 
-DEFAULT_NAME = "default"
-DEFAULT_DIR = Path(__file__).resolve().parent.parent / "data" / "default-model"
+__all__ = ["CHECKPOINT_DIR", "DEFAULT_NAME", "ensure_default_export", "resolve_source"]
 
 
 def resolve_source(src: str | Path) -> Path:
-    """A checkpoint directory, or the shipped model for the name "default"."""
+    """A checkpoint directory, or the shipped checkpoint for the name "default"."""
     if str(src) == DEFAULT_NAME:
-        if not (DEFAULT_DIR / "config.json").is_file():
-            raise CheckpointError(f"the default model is not installed at {DEFAULT_DIR}")
-        return DEFAULT_DIR
+        fingerprint()  # a clear error if the package's model files are missing
+        return CHECKPOINT_DIR
     return Path(src)
+
+
+def ensure_default_export(progress: Callable[[str], None] | None = None) -> tuple[Path, bool]:
+    """The cached ONNX export of the default model, exporting it first if needed.
+
+    Returns (directory, exported_now).
+    """
+    from ..export import export
+
+    directory = cached_export_dir()
+    if (directory / "hybridrt.json").is_file():
+        return directory, False
+    export(DEFAULT_NAME, directory, force=True, progress=progress)
+    return directory, True

@@ -1,0 +1,117 @@
+"""Perplexity and bits per byte of a text under an exported model (torch-free).
+
+Sliding windows (the transformers perplexity recipe): each window of `window` tokens starts
+from fresh states and advances by `stride`; only the tokens no earlier window scored count,
+so each token is scored once with at least `window - stride` tokens of context (fewer at the
+start). The first token has no context and is not scored; bits per byte divide the summed
+NLL by the UTF-8 bytes of the scored tokens, which makes models with different tokenizers
+comparable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import GenerationError
+from .state import NUMPY_DTYPES, state_shape
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def window_starts(n_tokens: int, window: int, stride: int) -> list[int]:
+    if n_tokens <= window:
+        return [0]
+    return list(range(0, n_tokens - window + stride, stride))
+
+
+LogitsFn = Callable[[np.ndarray], np.ndarray]
+
+
+def ort_logits_fn(model: Any) -> LogitsFn:
+    """ids [1, l] -> logits [l, V] from fresh states, with the runtime's ONNX session."""
+    session, manifest = model.inference_session, model.manifest
+    uses_positions = any(s.name == "position_ids" for s in manifest.inputs)
+    zeros = {s.name: np.zeros(state_shape(s, 1), NUMPY_DTYPES[s.dtype]) for s in manifest.pasts}
+
+    def run(chunk: np.ndarray) -> np.ndarray:
+        feeds: dict[str, np.ndarray] = {"input_ids": chunk, "attention_mask": np.ones_like(chunk), **zeros}
+        if uses_positions:
+            feeds["position_ids"] = np.arange(chunk.shape[1], dtype=np.int64)[None, :]
+        return session.run(["logits"], feeds)[0][0]
+
+    return run
+
+
+def token_nll(
+    logits_fn: LogitsFn, ids: Sequence[int], window: int, stride: int, progress: Callable[[int], None]
+) -> np.ndarray:
+    """NLL (nats) of ids[1:], each predicted from its preceding context within a window."""
+    ids_arr = np.asarray(ids, dtype=np.int64)
+    nll = np.full(len(ids_arr), np.nan)
+    scored_to = 1  # tokens [0, scored_to) are done (token 0 is never scored)
+    for start in window_starts(len(ids_arr), window, stride):
+        chunk = ids_arr[start : start + window][None, :]
+        logits = logits_fn(chunk)  # [l, V]
+        first = max(scored_to, start + 1)
+        targets = ids_arr[first : start + chunk.shape[1]]
+        if len(targets):
+            lp = log_softmax(logits[first - start - 1 : chunk.shape[1] - 1].astype(np.float64))
+            nll[first : first + len(targets)] = -lp[np.arange(len(targets)), targets]
+            progress(len(targets))
+        scored_to = start + chunk.shape[1]
+    return nll[1:]
+
+
+def score_text(
+    logits_fn: LogitsFn,
+    tokenizer: Any,
+    text: str,
+    window: int,
+    stride: int,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """nll_per_token, perplexity, bits_per_byte, tokens and bytes of `text`."""
+    if not text.strip():
+        raise GenerationError("the text to evaluate is empty")
+    if not 0 < stride <= window:
+        raise GenerationError(f"need 0 < stride ({stride}) <= window ({window})")
+    enc = tokenizer.encode(text, add_special_tokens=False)
+    ids, offsets = list(enc.ids), list(enc.offsets)
+    if len(ids) < 2:
+        raise GenerationError("the text is shorter than two tokens; nothing to score")
+    nll = token_nll(logits_fn, ids, window, stride, progress or (lambda n: None))
+    n_bytes = len(text[offsets[1][0] :].encode("utf-8"))  # the unscored first token's bytes excluded
+    total = float(nll.sum())
+    return {
+        "nll_per_token": total / len(nll),
+        "perplexity": math.exp(total / len(nll)),
+        "bits_per_byte": total / math.log(2) / n_bytes,
+        "tokens": len(nll),
+        "bytes": n_bytes,
+        "window": window,
+        "stride": stride,
+    }
+
+
+def evaluate(
+    model: Any,
+    text: str,
+    window: int | None = None,
+    stride: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """score_text with the runtime model's ONNX session and tokenizer."""
+    if model.tokenizer is None:
+        raise GenerationError(f"{model.path} has no tokenizer.json; evaluation of text needs one")
+    window = window or min(model.max_length, 1024)
+    stride = stride or window // 2
+    if window > model.max_length:
+        raise GenerationError(f"window {window} exceeds the model's max length {model.max_length}")
+    return score_text(ort_logits_fn(model), model.tokenizer, text, window, stride, progress)
