@@ -90,6 +90,8 @@ def test_bad_prompts(jamba_onnx: Path, prompt: object) -> None:
         hybridrt.load(jamba_onnx).generate(prompt, max_new_tokens=2)
 
 
-def test_default_model_is_not_available_yet() -> None:
-    with pytest.raises(hybridrt.GraphError, match="not available"):
+def test_default_model_not_exported_says_how(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime alone cannot export; loading "default" before any export names the fix."""
+    monkeypatch.setenv("HYBRIDRT_CACHE", str(tmp_path))
+    with pytest.raises(hybridrt.GraphError, match="hybridrt demo"):
         hybridrt.load("default")
