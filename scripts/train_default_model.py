@@ -1,0 +1,618 @@
+"""Train the model hybridrt ships (hybridrt/data/default-model) on the Python standard library.
+
+    python scripts/train_default_model.py --minutes 40            # train, evaluate, publish
+    python scripts/train_default_model.py --write-heldout h.txt   # only write the held-out text
+
+Data: the *.py sources of the running interpreter's standard library, test suites and
+site-packages left out. The modules in HELDOUT_MODULES are never trained on (not by the
+tokenizer either); they are the held-out set. Every document is framed as <s> text </s>.
+
+Model: a Jamba (`JambaForCausalLM`) layout built from HF_CONFIG through the same translator
+that loads Jamba checkpoints, so config.json and the trained model cannot disagree. It is
+trained as hybridrt's reference `HybridForCausalLM`, then written with Hugging Face's tensor
+names in float16, evaluated from the written files, and checked against transformers.
+
+The result appears at --out only once complete: it is built in a sibling temp directory and
+renamed into place. Logs, a CSV and loss.png go to --log-dir.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAYON_NUM_THREADS", "1")  # tokenizers: one core, the machine is shared
+
+import argparse
+import contextlib
+import csv
+import dataclasses
+import json
+import math
+import shutil
+import sys
+import sysconfig
+import time
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+import hybridrt
+from hybridrt.models.checkpoint import load_model
+from hybridrt.models.config import HybridConfig
+from hybridrt.models.families.jamba import FAMILY, translate
+from hybridrt.models.mamba import MambaMixer, causal_conv
+from hybridrt.models.model import HybridForCausalLM
+from hybridrt.models.state import zero_states
+
+DEFAULT_OUT = Path(hybridrt.__file__).resolve().parent / "data" / "default-model"
+
+# Held out for evaluation, never trained on: stdlib paths (a trailing / means a package).
+HELDOUT_MODULES = (
+    "argparse.py", "calendar.py", "configparser.py", "csv.py", "dataclasses.py", "difflib.py",
+    "enum.py", "fractions.py", "heapq.py", "json/", "logging/", "pathlib.py", "pprint.py",
+    "shlex.py", "statistics.py", "string.py", "textwrap.py", "tomllib/", "zipfile.py",
+)  # fmt: skip
+EXCLUDED_DIRS = ("site-packages", "test", "tests", "idle_test")
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2: pad, bos, eos in HF_CONFIG
+PAD, BOS, EOS = 0, 1, 2
+
+# Sized for a 40-minute run on one CPU core (~5 M parameters, ~1 k tokens/s): at that budget
+# a bigger model sees too few tokens. Attention at layers 3 and 7, Mamba elsewhere; one expert
+# (a dense MLP) in every layer.
+HF_CONFIG = {
+    "model_type": "jamba",
+    "architectures": ["JambaForCausalLM"],
+    "hidden_size": 192,
+    "intermediate_size": 576,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "attn_layer_period": 4,
+    "attn_layer_offset": 3,
+    "num_experts": 1,
+    "num_experts_per_tok": 1,
+    "expert_layer_period": 1,
+    "expert_layer_offset": 0,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_dt_rank": "auto",
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "initializer_range": 0.02,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+    "use_cache": True,
+    "pad_token_id": PAD,
+    "bos_token_id": BOS,
+    "eos_token_id": EOS,
+    "dtype": "float16",
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Training settings; the command line's defaults come from here."""
+
+    minutes: float = 40.0  # wall-clock budget of the training loop (the cosine spans it)
+    steps: int = 0  # if > 0: train exactly this many steps, the cosine spans them
+    vocab: int = 4096
+    seq_len: int = 256
+    batch: int = 8
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every: int = 20
+    eval_every: int = 100
+    eval_windows: int = 16
+    threads: int = 1
+    out: str = str(DEFAULT_OUT)
+    log_dir: str = "build/train-default"
+
+
+# Corpus -------------------------------------------------------------------------------
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def is_heldout(rel: str) -> bool:
+    return any(rel == m or (m.endswith("/") and rel.startswith(m)) for m in HELDOUT_MODULES)
+
+
+def corpus() -> tuple[list[str], list[str]]:
+    """(training, held-out) stdlib paths relative to the stdlib root, sorted."""
+    root = stdlib_root()
+    rels = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py"))
+    rels = [r for r in rels if not any(part in EXCLUDED_DIRS for part in r.split("/")[:-1])]
+    heldout = [r for r in rels if is_heldout(r)]
+    missing = [m for m in HELDOUT_MODULES if not any(is_heldout(r) and r.startswith(m) for r in heldout)]
+    if missing:
+        raise SystemExit(f"held-out modules not in {root}: {missing}")
+    return [r for r in rels if not is_heldout(r)], heldout
+
+
+def read_docs(rels: list[str]) -> list[str]:
+    root = stdlib_root()
+    return [(root / r).read_text(encoding="utf-8") for r in rels]
+
+
+def heldout_text(docs: list[str]) -> str:
+    """The held-out set as one text; tokenized as is, it gives the evaluation stream."""
+    for d in docs:
+        if any(s in d for s in SPECIAL_TOKENS):
+            raise SystemExit("a held-out document contains a special-token string; pick other modules")
+    return "".join(f"<s>{d}</s>" for d in docs)
+
+
+# Tokenizer and token streams ----------------------------------------------------------
+
+
+def train_tokenizer(docs: list[str], vocab: int) -> Tokenizer:
+    """Byte-level BPE (no normalizer, no prefix space): any byte string round-trips."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(docs, trainer)
+    assert [tok.token_to_id(s) for s in SPECIAL_TOKENS] == [PAD, BOS, EOS]
+    return tok
+
+
+def token_stream(tok: Tokenizer, docs: list[str]) -> torch.Tensor:
+    """<s> doc </s> for each document, concatenated: int64 [tokens]."""
+    tok.encode_special_tokens = True  # a "<s>" inside source code is text, not a marker
+    try:
+        encs = tok.encode_batch(docs, add_special_tokens=False)
+    finally:
+        tok.encode_special_tokens = False
+    return torch.cat([torch.tensor([BOS, *e.ids, EOS]) for e in encs])
+
+
+def windows(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """[n, seq_len + 1] windows overlapping by one token, so every token is a target once."""
+    return stream.unfold(0, seq_len + 1, seq_len)
+
+
+# Model --------------------------------------------------------------------------------
+
+
+def build_model(vocab: int, seed: int) -> tuple[dict, HybridConfig, HybridForCausalLM]:
+    hf = dict(HF_CONFIG, vocab_size=vocab)
+    cfg = translate(hf)
+    torch.manual_seed(seed)
+    model = HybridForCausalLM(cfg)
+    init_weights(model, cfg, hf["initializer_range"])
+    return hf, cfg, model
+
+
+@torch.no_grad()
+def init_weights(model: HybridForCausalLM, cfg: HybridConfig, std: float) -> None:
+    """GPT-2 style normal init (residual outputs scaled by depth) and Mamba's S4D-real A and dt."""
+    for name, p in model.named_parameters():
+        if name.endswith(("norm.weight", ".D")):
+            p.fill_(1.0)
+        elif name.endswith("A_log"):
+            p.copy_(torch.log(torch.arange(1, cfg.mamba_d_state + 1, dtype=torch.float32)).expand_as(p))
+        elif name.endswith("dt_proj.weight"):
+            p.uniform_(-(cfg.dt_rank**-0.5), cfg.dt_rank**-0.5)
+        elif name.endswith("dt_proj.bias"):  # softplus(bias) log-uniform in [1e-3, 1e-1] (Mamba)
+            dt = torch.exp(torch.empty_like(p).uniform_(math.log(1e-3), math.log(1e-1)))
+            p.copy_(dt + torch.log(-torch.expm1(-dt)))
+        elif name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight")):
+            p.normal_(0.0, std / math.sqrt(2 * cfg.num_layers))
+        elif name.endswith("conv1d.weight") or name.endswith("conv1d.bias"):
+            pass  # PyTorch's default fan-in init, as Mamba
+        elif name.endswith(".bias"):
+            p.zero_()
+        else:
+            p.normal_(0.0, std)
+
+
+def fast_mamba_forward(
+    self: MambaMixer, x: torch.Tensor, mask: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MambaMixer.forward for unpadded sequences, with h stepped over time.
+
+    The reference scan (hybridrt.models.scan) is shaped for export: it materializes several
+    [b, l, d_inner, n] tensors per doubling step, and its backward on one CPU core is ~10x
+    slower than stepping h [b, d_inner, n], which stays in cache. Same parameters, same math;
+    `check_fast_scan` compares the two before training.
+    """
+    xs, z = self.in_proj(x).chunk(2, dim=-1)  # [b, l, d_inner] each
+    xs, conv_state = causal_conv(xs.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias)
+    xs = F.silu(xs).transpose(1, 2)
+    dt, B, C = torch.split(self.x_proj(xs), [self.r, self.n, self.n], dim=-1)
+    if self.inner_norms:
+        dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)
+    dt = F.softplus(self.dt_proj(dt))  # [b, l, d_inner]
+    A = -torch.exp(self.A_log.float())  # [d_inner, n]
+    h, ys = ssm_state, []
+    for dt_t, u_t, B_t, C_t in zip(dt.unbind(1), (dt * xs).unbind(1), B.unbind(1), C.unbind(1), strict=True):
+        h = torch.exp(dt_t.unsqueeze(-1) * A) * h + u_t.unsqueeze(-1) * B_t.unsqueeze(1)
+        ys.append((h * C_t.unsqueeze(1)).sum(-1))
+    y = (torch.stack(ys, dim=1) + xs * self.D) * F.silu(z)
+    return self.out_proj(y), conv_state, h
+
+
+@contextlib.contextmanager
+def fast_scan(model: HybridForCausalLM) -> Iterator[None]:
+    mixers = [m for m in model.modules() if isinstance(m, MambaMixer)]
+    for m in mixers:
+        m.forward = types.MethodType(fast_mamba_forward, m)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for m in mixers:
+            del m.forward
+
+
+def logits_of(model: HybridForCausalLM, ids: torch.Tensor) -> torch.Tensor:
+    """ids [b, l] -> logits [b, l, v] from a fresh state."""
+    b, l = ids.shape
+    return model(ids, torch.ones(b, l, dtype=torch.long), None, zero_states(model.config, b))[0]
+
+
+@torch.no_grad()
+def check_fast_scan(model: HybridForCausalLM, ids: torch.Tensor) -> float:
+    ref = logits_of(model, ids)
+    with fast_scan(model):
+        fast = logits_of(model, ids)
+    diff = (ref - fast).abs().max().item()
+    if diff > 1e-3:
+        raise SystemExit(f"training scan disagrees with the reference model: max |logit diff| {diff:.2e}")
+    return diff
+
+
+# Training -----------------------------------------------------------------------------
+
+
+def batches(n: int, batch: int, seed: int) -> Iterator[torch.Tensor]:
+    """Window indices, a seeded permutation per epoch: the data order depends only on the seed."""
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        perm = torch.randperm(n, generator=gen)
+        for i in range(0, n - batch + 1, batch):
+            yield perm[i : i + batch]
+
+
+def lr_at(tc: TrainConfig, step: int, progress: float) -> float:
+    """Linear warmup, then cosine from lr to min_lr_ratio * lr as progress goes 0 -> 1."""
+    if step < tc.warmup:
+        return tc.lr * (step + 1) / tc.warmup
+    cos = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * cos)
+
+
+def optimizer(model: HybridForCausalLM, tc: TrainConfig) -> torch.optim.Optimizer:
+    decay, keep = [], []
+    for name, p in model.named_parameters():
+        is_matrix = p.dim() >= 2 and not name.endswith("A_log")
+        (decay if is_matrix else keep).append(p)
+    groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": keep, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+@torch.no_grad()
+def nll(model: HybridForCausalLM, wins: torch.Tensor, batch: int) -> tuple[float, int]:
+    """Summed next-token NLL (nats) over windows [n, l+1] and the number of targets (<s> excluded)."""
+    total, count = 0.0, 0
+    for i in range(0, len(wins), batch):
+        w = wins[i : i + batch]
+        logits = logits_of(model, w[:, :-1])
+        target = w[:, 1:].masked_fill(w[:, 1:] == BOS, -100)
+        total += F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100, reduction="sum").item()
+        count += int((target != -100).sum())
+    return total, count
+
+
+def heldout_figures(model: HybridForCausalLM, stream: torch.Tensor, n_bytes: int, tc: TrainConfig) -> dict:
+    """Loss over the whole held-out stream; bits per byte = total NLL in bits / UTF-8 bytes of the text."""
+    full = windows(stream, tc.seq_len)
+    tail = stream[len(full) * tc.seq_len :]
+    total, count = nll(model, full, tc.batch)
+    if len(tail) > 1:
+        t, c = nll(model, tail.unsqueeze(0), 1)
+        total, count = total + t, count + c
+    return {
+        "heldout_loss_nats_per_token": round(total / count, 4),
+        "heldout_bits_per_byte": round(total / math.log(2) / n_bytes, 4),
+        "heldout_tokens": count,
+        "heldout_bytes": n_bytes,
+    }
+
+
+def train(model: HybridForCausalLM, train_wins: torch.Tensor, eval_wins: torch.Tensor, tc: TrainConfig) -> dict:
+    log_dir = Path(tc.log_dir)
+    opt = optimizer(model, tc)
+    order = batches(len(train_wins), tc.batch, tc.seed)
+    budget = tc.minutes * 60
+    rows, recent, step, t0 = [], [], 0, time.time()
+    with open(log_dir / "train.csv", "w", newline="") as f, fast_scan(model):
+        out = csv.writer(f)
+        out.writerow(["step", "tokens", "elapsed_s", "lr", "train_loss", "heldout_loss"])
+        while True:
+            elapsed = time.time() - t0
+            if (tc.steps and step >= tc.steps) or (not tc.steps and elapsed >= budget):
+                break
+            lr = lr_at(tc, step, step / tc.steps if tc.steps else elapsed / budget)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            w = train_wins[next(order)]
+            model.train()
+            logits = logits_of(model, w[:, :-1])
+            loss = F.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+            opt.step()
+            step += 1
+            recent.append(loss.item())
+            if step % tc.log_every == 0 or step == tc.steps:
+                held = ""
+                if step % tc.eval_every == 0:
+                    model.eval()
+                    t, c = nll(model, eval_wins, tc.batch)
+                    held = f"{t / c:.4f}"
+                elapsed, train_loss = time.time() - t0, sum(recent) / len(recent)
+                tokens = step * tc.batch * tc.seq_len
+                rows.append((step, tokens, elapsed, lr, train_loss, held))
+                out.writerow([step, tokens, f"{elapsed:.1f}", f"{lr:.3e}", f"{train_loss:.4f}", held])
+                f.flush()
+                print(
+                    f"step {step:6d}  tokens {tokens / 1e6:7.3f}M  lr {lr:.2e}  loss {train_loss:.4f}"
+                    f"{'  heldout ' + held if held else ''}  {tokens / elapsed:6.0f} tok/s  {elapsed / 60:5.1f} min",
+                    flush=True,
+                )
+                recent = []
+    model.eval()
+    elapsed = time.time() - t0
+    plot(rows, log_dir / "loss.png")
+    last = [r[4] for r in rows[-5:]] or recent
+    return {
+        "steps": step,
+        "tokens_seen": step * tc.batch * tc.seq_len,
+        "train_seconds": round(elapsed, 1),
+        "train_tokens_per_second": round(step * tc.batch * tc.seq_len / elapsed, 1),
+        "train_loss": round(sum(last) / max(1, len(last)), 4),
+    }
+
+
+def plot(rows: list[tuple], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r[1] / 1e6 for r in rows], [r[4] for r in rows], label="train")
+    held = [(r[1] / 1e6, float(r[5])) for r in rows if r[5]]
+    if held:
+        ax.plot(*zip(*held, strict=True), "o-", label="held-out (sample)")
+    ax.set_xlabel("tokens (M)")
+    ax.set_ylabel("loss (nats/token)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# Writing the checkpoint ---------------------------------------------------------------
+
+
+def hf_name(name: str, cfg: HybridConfig) -> str:
+    """Our parameter name -> transformers' Jamba name (the inverse of the family's renames)."""
+    if name.startswith("model.norm."):
+        return name.replace("model.norm.", "model.final_layernorm.", 1)
+    parts = name.split(".")
+    if parts[:2] == ["model", "layers"]:
+        kind = cfg.layer_types[int(parts[2])]
+        swap = {"mixer": "mamba" if kind == "mamba" else "self_attn", "ffn": "feed_forward"}
+        swap |= {"input_norm": "input_layernorm", "ffn_norm": "pre_ff_layernorm"}
+        swap |= {"dt_norm": "dt_layernorm", "b_norm": "b_layernorm", "c_norm": "c_layernorm"}
+        parts = parts[:3] + [swap.get(p, p) for p in parts[3:]]
+    return ".".join(parts)
+
+
+def hf_state_dict(model: HybridForCausalLM) -> dict[str, torch.Tensor]:
+    cfg = model.config
+    out = {}
+    for name, p in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        new = hf_name(name, cfg)
+        assert FAMILY.rename(new) == name, f"{new} would load as {FAMILY.rename(new)}, not {name}"
+        out[new] = p.detach().to(torch.float16).contiguous()
+    return out
+
+
+def write_checkpoint(path: Path, model: HybridForCausalLM, hf: dict, tok: Tokenizer) -> None:
+    path.mkdir(parents=True)
+    save_file(hf_state_dict(model), str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "model.safetensors").chmod(0o644)  # safetensors creates it owner-only
+    (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    tok.save(str(path / "tokenizer.json"))
+    tok_cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "pad_token": "<pad>",
+        "add_bos_token": False,
+        "model_max_length": hf["max_position_embeddings"],
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+
+
+@torch.no_grad()
+def transformers_parity(path: Path, model: HybridForCausalLM, ids: torch.Tensor) -> float | None:
+    """Max |logit difference| between transformers' JambaForCausalLM and our model, both float32."""
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        return None
+    theirs = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    diff = (theirs(ids).logits - logits_of(model, ids)).abs().max().item()
+    if diff > 1e-4:
+        raise SystemExit(f"{path}: transformers and hybridrt disagree: max |logit diff| {diff:.2e}")
+    return diff
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Swap the finished directory into place; a half-written model never appears at `out`."""
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def readme(hf: dict, info: dict) -> str:
+    t = info
+    layers = ", ".join(f"{i}:{k}" for i, k in enumerate(translate(hf).layer_types))
+    held = ", ".join(HELDOUT_MODULES)
+    return f"""# hybridrt default model
+
+A small Jamba-layout hybrid (Mamba + attention) language model of Python source code,
+shipped with hybridrt so that export, runtime and examples work without a download. It
+is a test and demo model, not a useful code model.
+
+- Architecture: `JambaForCausalLM`, {t["parameters"]:,} parameters (embeddings tied),
+  hidden {hf["hidden_size"]}, dense MLP {hf["intermediate_size"]}, {hf["num_attention_heads"]} heads /
+  {hf["num_key_value_heads"]} KV heads (no positional encoding, as Jamba), Mamba d_state
+  {hf["mamba_d_state"]}, d_conv {hf["mamba_d_conv"]}, expand {hf["mamba_expand"]}; {hf["num_hidden_layers"]} layers:
+  {layers}.
+  Weights in float16 with transformers' tensor names. Trained as hybridrt's reference
+  `HybridForCausalLM`, its Mamba scan stepped over time during training (same math, checked
+  against the reference before training).
+- Tokenizer: byte-level BPE, {hf["vocab_size"]} tokens, trained on the training split;
+  `<pad>` 0, `<s>` 1, `</s>` 2. Training documents were framed as `<s>` text `</s>`, so
+  prompts should start with `<s>`.
+- Data: the `*.py` files of the CPython {t["python"]} standard library, without test
+  suites (`test/`, `tests/`, `idle_test/`) and site-packages: {t["train_files"]} files,
+  {t["train_bytes"]:,} bytes, {t["train_tokens"]:,} tokens for training. Held out, never
+  trained on ({t["heldout_files"]} files): {held}.
+- Training: `{t["command"]}`, {t["steps"]} steps of {t["batch"]} x {t["seq_len"]} tokens
+  ({t["tokens_seen"]:,} tokens seen), AdamW (betas 0.9/0.95, weight decay {t["weight_decay"]}),
+  peak lr {t["lr"]}, {t["warmup"]} warmup steps then cosine to {t["min_lr_ratio"]} x peak
+  over the time budget, gradient clipping {t["grad_clip"]}, seed {t["seed"]}, float32 on one CPU
+  thread, {t["train_seconds"] / 60:.1f} minutes ({t["train_tokens_per_second"]:.0f} tokens/s).
+
+## Results
+
+| figure | value |
+| --- | --- |
+| train loss (last logged steps) | {t["train_loss"]} nats/token |
+| held-out loss | {t["heldout_loss_nats_per_token"]} nats/token |
+| held-out bits per byte | {t["heldout_bits_per_byte"]} |
+
+Held-out figures cover the whole held-out text ({t["heldout_tokens"]:,} target tokens,
+{t["heldout_bytes"]:,} UTF-8 bytes), scored from the float16 weights as written, in windows
+of {t["seq_len"]} tokens. Bits per byte = total negative log-likelihood in bits (the `</s>`
+targets included, `<s>` excluded) / UTF-8 bytes of the documents. Rebuild the held-out text
+(documents framed as `<s>`...`</s>`) with
+`python scripts/train_default_model.py --write-heldout PATH` on CPython {t["python"]}.
+
+transformers' `JambaForCausalLM` and hybridrt's reference model agree on these weights to
+{t["transformers_max_logit_diff"]} (max |logit difference|, float32).
+
+The training data is the Python standard library, under the Python Software Foundation
+License.
+"""
+
+
+# Main ---------------------------------------------------------------------------------
+
+
+def parse_args() -> tuple[TrainConfig, Path | None]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(TrainConfig):
+        ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+    ap.add_argument("--write-heldout", type=Path, metavar="PATH", help="write the held-out text and exit")
+    args = vars(ap.parse_args())
+    heldout_path = args.pop("write_heldout")
+    return TrainConfig(**args), heldout_path
+
+
+def main() -> None:
+    tc, heldout_path = parse_args()
+    train_rels, held_rels = corpus()
+    held_docs = read_docs(held_rels)
+    text = heldout_text(held_docs)
+    if heldout_path is not None:
+        heldout_path.write_text(text, encoding="utf-8")
+        print(f"{heldout_path}: {len(held_rels)} files, {len(text.encode())} bytes")
+        return
+    torch.set_num_threads(tc.threads)
+    torch.set_num_interop_threads(tc.threads)
+    out, log_dir = Path(tc.out).resolve(), Path(tc.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+
+    train_docs = read_docs(train_rels)
+    tok = train_tokenizer(train_docs, tc.vocab)
+    train_stream, held_stream = token_stream(tok, train_docs), token_stream(tok, held_docs)
+    assert torch.equal(held_stream, torch.tensor(tok.encode(text, add_special_tokens=False).ids))
+    print(f"tokenizer + streams: {time.time() - t_start:.0f}s; train {len(train_stream):,} tokens, "
+          f"held-out {len(held_stream):,} tokens", flush=True)  # fmt: skip
+
+    hf, cfg, model = build_model(tok.get_vocab_size(), tc.seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    held_wins = windows(held_stream, tc.seq_len)
+    pick = torch.linspace(0, len(held_wins) - 1, tc.eval_windows).long()
+    scan_diff = check_fast_scan(model, held_wins[:2, :64])
+    print(f"{n_params:,} parameters; layers {cfg.layer_types}; training scan matches ({scan_diff:.1e})", flush=True)
+
+    info = train(model, windows(train_stream, tc.seq_len), held_wins[pick], tc)
+
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    write_checkpoint(tmp, model, hf, tok)
+    written, _ = load_model(tmp)
+    t_eval = time.time()
+    with fast_scan(written):
+        info |= heldout_figures(written, held_stream, sum(len(d.encode()) for d in held_docs), tc)
+    print(f"held-out evaluation: {time.time() - t_eval:.0f}s {info}", flush=True)
+    probe = held_wins[:1, :128]
+    check_fast_scan(written, probe)
+    hf_diff = transformers_parity(tmp, written, probe)
+
+    info |= {
+        "parameters": n_params,
+        "command": " ".join(["python", *sys.argv]),
+        "python": sys.version.split()[0],
+        "train_files": len(train_rels),
+        "train_bytes": sum(len(d.encode()) for d in train_docs),
+        "train_tokens": len(train_stream),
+        "heldout_files": len(held_rels),
+        "heldout_modules": list(HELDOUT_MODULES),
+        "transformers_max_logit_diff": f"{hf_diff:.1e}" if hf_diff is not None else "not checked",
+        "total_seconds": round(time.time() - t_start, 1),
+    }
+    settings = ("seq_len", "batch", "lr", "min_lr_ratio", "warmup", "weight_decay", "grad_clip", "seed", "minutes")
+    info |= {k: getattr(tc, k) for k in (*settings, "threads")}
+    (tmp / "config.json").write_text(json.dumps(dict(hf, hybridrt_training=info), indent=2) + "\n")
+    (tmp / "README.md").write_text(readme(hf, info))
+    (log_dir / "summary.json").write_text(json.dumps(info, indent=2) + "\n")
+    publish(tmp, out)
+    print(f"wrote {out} ({sum(f.stat().st_size for f in out.iterdir()) / 1e6:.1f} MB)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
