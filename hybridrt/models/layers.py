@@ -141,12 +141,14 @@ class Attention(nn.Module):
             k = k * cos + rotate_half(k) * sin
         k = torch.cat([past_k, k], dim=2)
         v = torch.cat([past_v, v], dim=2)
+        # Grouped-query attention without copying K/V per query head: the query heads of
+        # one KV head are stacked along the query axis ([b, h_kv, rep*l, hd]).
         rep = self.h // self.h_kv
-        kr = k.repeat_interleave(rep, dim=1) if rep > 1 else k
-        vr = v.repeat_interleave(rep, dim=1) if rep > 1 else v
-        scores = torch.matmul(q, kr.transpose(2, 3)) * self.scale + mask
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        y = torch.matmul(probs, vr).transpose(1, 2).reshape(b, l, self.h * self.hd)
+        qg = q.reshape(b, self.h_kv, rep * l, self.hd)
+        scores = torch.matmul(qg, k.transpose(2, 3)) * self.scale  # [b, h_kv, rep*l, p+l]
+        scores = scores.view(b, self.h_kv, rep, l, -1) + mask.unsqueeze(1)
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(b, self.h_kv, rep * l, -1)
+        y = torch.matmul(probs, v).view(b, self.h, l, self.hd).transpose(1, 2).reshape(b, l, self.h * self.hd)
         return self.o_proj(y), k, v
 
 
