@@ -126,3 +126,18 @@ def test_full_parity_measurement_fails_a_wrong_graph(jamba_dir: Path) -> None:
 
     report = measure_parity(model, wrong, lengths=(7,))
     assert report["passed"] is False and report["max_abs_logits"] >= 1e-3
+
+
+def test_large_models_use_external_data(jamba_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above the threshold, weights go to model.onnx.data; the runtime loads the pair."""
+    from hybridrt.export import onnx_export
+
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_THRESHOLD", 1024)
+    manifest = hybridrt.export_model(jamba_dir, tmp_path / "out")
+    assert {"model.onnx", "model.onnx.data"} <= set(manifest.files)
+    graph = onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False)
+    external = [t for t in graph.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert any(t.name.endswith("embed_tokens.weight") for t in external)
+    assert manifest.parity["passed"] is True
+    model = hybridrt.load(tmp_path / "out")
+    assert len(model.generate([[5, 6, 7]], max_new_tokens=4, do_sample=False)[0]) == 4

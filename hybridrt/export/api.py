@@ -6,6 +6,7 @@ into place only once the graph is written, validated and described.
 
 from __future__ import annotations
 
+import os
 import platform
 import resource
 import shutil
@@ -58,6 +59,7 @@ def export(
         manifest.provenance["export_peak_rss_mb"] = round(_peak_rss_mb(), 1)
         manifest.record_files(tmp)
         manifest.write(tmp)
+        _normal_permissions(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -160,6 +162,15 @@ def _manifest(model: HybridForCausalLM, hf: dict[str, Any], src: Path, format: s
         vocab_size=cfg.vocab_size,
         provenance=provenance,
     )
+
+
+def _normal_permissions(directory: Path) -> None:
+    """mkdtemp creates 0700 and some writers 0600; the result is an ordinary directory."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.iterdir():
+        path.chmod(0o666 & ~umask)
 
 
 def _peak_rss_mb() -> float:
