@@ -141,3 +141,15 @@ def test_large_models_use_external_data(jamba_dir: Path, tmp_path: Path, monkeyp
     assert manifest.parity["passed"] is True
     model = hybridrt.load(tmp_path / "out")
     assert len(model.generate([[5, 6, 7]], max_new_tokens=4, do_sample=False)[0]) == 4
+
+
+def test_plain_ops_graph_matches_reference(jamba_dir: Path, tmp_path: Path) -> None:
+    """--plain-ops: standard ONNX operators only, the chunked scan in the graph."""
+    manifest = hybridrt.export_model(jamba_dir, tmp_path / "out", fused_ops=False)
+    graph = onnx.load(str(tmp_path / "out" / "model.onnx"))
+    assert {n.domain for n in graph.graph.node} <= {"", "ai.onnx"}
+    assert manifest.parity["passed"] is True and manifest.provenance["fused_ops"] is False
+    model, _ = load_model(jamba_dir)
+    run = ort_runner(tmp_path / "out" / "model.onnx", model)
+    for length in UNSEEN:
+        assert _compare(model, run, length) <= TOL

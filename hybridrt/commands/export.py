@@ -14,6 +14,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="onnx", choices=["onnx", "torchscript", "pt2"])
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
     p.add_argument("--no-validate", action="store_true", help="skip the parity check against PyTorch")
+    p.add_argument(
+        "--plain-ops",
+        action="store_true",
+        help="standard ONNX operators only (no onnxruntime com.microsoft fused ops), for other ONNX runtimes",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
         format=args.format,
         force=args.force,
         validate=not args.no_validate,
+        fused_ops=not args.plain_ops,
         progress=lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr),
     )
     print(describe(args.output, manifest))

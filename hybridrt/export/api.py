@@ -36,9 +36,14 @@ def export(
     format: str = "onnx",
     force: bool = False,
     validate: bool = True,
+    fused_ops: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> Manifest:
-    """Export a Hugging Face checkpoint directory (or "default") to `out`; returns the manifest."""
+    """Export a Hugging Face checkpoint directory (or "default") to `out`; returns the manifest.
+
+    fused_ops: in ONNX, run each Mamba recurrence as one onnxruntime `com.microsoft` node;
+    False keeps standard ONNX operators only (a chunked scan), for other ONNX runtimes.
+    """
     from ..models.default import resolve_source
 
     say = progress or (lambda msg: None)
@@ -54,7 +59,7 @@ def export(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        manifest = _write(model, hf, src, tmp, format, validate, say)
+        manifest = _write(model, hf, src, tmp, format, validate, say, fused_ops)
         manifest.provenance["export_seconds"] = round(time.perf_counter() - t0, 2)
         manifest.provenance["export_peak_rss_mb"] = round(_peak_rss_mb(), 1)
         manifest.record_files(tmp)
@@ -78,6 +83,7 @@ def _write(
     format: str,
     validate: bool,
     say: Callable[[str], None],
+    fused_ops: bool = True,
 ) -> Manifest:
     from . import validate as val
 
@@ -94,7 +100,7 @@ def _write(
             from .onnx_export import export_program
 
             try:
-                program = export_program(module, args, dynamic_shapes(model), fused=format == "onnx")
+                program = export_program(module, args, dynamic_shapes(model), fused=format == "onnx" and fused_ops)
             except Exception as e:
                 raise ExportError(f"torch.export failed for {model.config.model_type}: {e}") from e
             if format == "pt2":
@@ -109,6 +115,7 @@ def _write(
         if (src / name).is_file():
             shutil.copy2(src / name, tmp / name)
     manifest = _manifest(model, hf, src, format)
+    manifest.provenance["fused_ops"] = format == "onnx" and fused_ops
     if validate:
         say("checking parity against PyTorch")
         if format == "onnx":
