@@ -1,0 +1,108 @@
+"""`hybridrt quantize MODEL -o OUT --mode int8-static|int8-dynamic|int4|int8-weight [...]`.
+
+Writes a quantized copy of an exported directory and prints its quality report against the
+float parent; a --max-ppl-ratio or --min-greedy-agreement gate that fails exits non-zero
+with nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..quantization.config import ALGOS, CALIB_METHODS, MODES, QuantConfig
+
+DEFAULTS = QuantConfig()
+
+
+def _bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("quantize", help="quantize an exported ONNX directory (int8, int4) with a quality report")
+    p.add_argument("model", help="exported ONNX directory, or 'default'")
+    p.add_argument("-o", "--output", required=True, help="output directory (must not exist unless --force)")
+    p.add_argument("--mode", required=True, choices=list(MODES), help="; ".join(f"{k}: {v}" for k, v in MODES.items()))
+    algos = ", ".join(f"{m}: {'|'.join(a)}" for m, a in ALGOS.items())
+    p.add_argument("--algo", help=f"weight-only algorithm ({algos}; default rtn)")
+    p.add_argument("--block-size", type=int, default=DEFAULTS.block_size, help="weights per scale (weight-only modes)")
+    p.add_argument("--calib-method", default=DEFAULTS.calib_method, choices=CALIB_METHODS, help="int8-static ranges")
+    p.add_argument("--calibration", nargs="+", type=Path, default=[], metavar="PATH", help="text or JSONL files")
+    p.add_argument("--samples", type=int, default=DEFAULTS.samples, help="calibration windows")
+    p.add_argument("--seq-len", type=int, default=DEFAULTS.seq_len, help="tokens per calibration window")
+    p.add_argument("--decode-steps", type=int, default=DEFAULTS.decode_steps, help="decode-step feeds per window")
+    p.add_argument("--exclude", action="append", default=[], metavar="PATTERN", help="keep matching nodes float")
+    p.add_argument("--include", action="append", default=[], metavar="PATTERN", help="quantize matching nodes")
+    p.add_argument(
+        "--keep-float-default",
+        type=_bool,
+        default=DEFAULTS.keep_float_default,
+        metavar="BOOL",
+        help="apply the default keep-float list (SSM scan, dt, norms, conv, router, lm_head); false drops it",
+    )
+    p.add_argument("--eval-text", type=Path, help="held-out text for the report (default: calibration text left over)")
+    p.add_argument(
+        "--eval-tokens", type=int, default=DEFAULTS.eval_tokens, help="held-out tokens taken from the calibration text"
+    )
+    p.add_argument(
+        "--agreement-prompts", type=int, default=DEFAULTS.agreement_prompts, help="prompts for greedy agreement"
+    )
+    p.add_argument("--max-ppl-ratio", type=float, help="fail if perplexity(quantized) / perplexity(float) exceeds this")
+    p.add_argument("--min-greedy-agreement", type=float, help="fail if greedy agreement is below this")
+    p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    p.add_argument("--json", action="store_true", help="print the manifest's quantization record as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..quantization.api import quantize
+    from .common import model_dir, stage
+
+    t0 = time.perf_counter()
+    manifest = quantize(
+        model_dir(args.model),
+        args.output,
+        args.mode,
+        calibration=args.calibration,
+        eval_text=args.eval_text,
+        force=args.force,
+        progress=lambda msg: stage(t0, msg),
+        algo=args.algo,
+        block_size=args.block_size,
+        calib_method=args.calib_method,
+        samples=args.samples,
+        seq_len=args.seq_len,
+        decode_steps=args.decode_steps,
+        exclude=args.exclude,
+        include=args.include,
+        keep_float_default=args.keep_float_default,
+        eval_tokens=args.eval_tokens,
+        agreement_prompts=args.agreement_prompts,
+        max_ppl_ratio=args.max_ppl_ratio,
+        min_greedy_agreement=args.min_greedy_agreement,
+    )
+    q = manifest.quantization or {}
+    if args.json:
+        print(json.dumps(q))
+        return 0
+    r, size = q["report"], q["size"]
+    algo = f" {q['algo']}" if q["algo"] else ""
+    print(
+        f"{args.output}: {q['mode']}{algo}, {len(q['quantized_nodes'])} nodes quantized, {len(q['excluded'])} kept "
+        f"float | {size['bytes'] / 1e6:.2f} MB ({size['ratio']:.2f} of the float graph)"
+    )
+    print(
+        f"vs float on {r['tokens']} held-out tokens: NLL {r['nll_quantized']:.4f} (Δ {r['nll_delta']:+.4f}) | "
+        f"perplexity ratio {r['ppl_ratio']:.4f} | mean KL {r['mean_kl']:.2e} | greedy agreement "
+        f"{r['greedy_agreement']:.3f} ({r['prompts']} prompts x {r['greedy_tokens']} tokens)"
+    )
+    sys.stdout.flush()
+    return 0

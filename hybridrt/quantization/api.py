@@ -1,0 +1,234 @@
+"""`quantize(src, out, mode)`: float graph directory in, quantized graph directory out.
+
+The output is an ordinary hybridrt directory (model.onnx, tokenizer, hybridrt.json) that
+hybridrt.load and `hybridrt generate` run unchanged; its manifest's `quantization` records
+the mode, the nodes kept float and the quality report against the float parent.
+
+Writing is atomic, as for export: everything goes to a temporary directory beside `out`,
+renamed into place only once the graph is written, reloaded, measured and within the
+gates. On any error nothing is written.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..graphs.manifest import TOKENIZER_FILES, Manifest, read_manifest
+from .calibration import CalibrationReader, calibration_feeds, read_texts, split_text
+from .config import WEIGHT_BITS, QuantConfig, QuantizationError
+from .report import finite, quality_report
+from .selection import Selection, give_private_weights, select_nodes
+
+IR_VERSION = 10  # onnx 1.23 writes IR 14 by default; onnxruntime loads up to 11-13
+
+
+def quantize(
+    src: str | Path,
+    out: str | Path,
+    mode: str = "int8-static",
+    *,
+    calibration: Sequence[str | Path] = (),
+    eval_text: str | Path | None = None,
+    force: bool = False,
+    progress: Callable[[str], None] | None = None,
+    **options: Any,
+) -> Manifest:
+    """Quantize an exported ONNX directory; returns the new directory's manifest.
+
+    calibration: text files (plain, or JSONL with a "text" field) for int8-static and GPTQ
+      ranges; unless eval_text is given, the text after the calibration windows is the
+      held-out text of the quality report.
+    eval_text: a text file to measure the quality report on.
+    options: QuantConfig fields (algo, block_size, calib_method, samples, seq_len,
+      exclude, include, keep_float_default, max_ppl_ratio, ...).
+    """
+    from ..runtime import load
+
+    say = progress or (lambda msg: None)
+    cfg = QuantConfig.from_kwargs(mode=mode, **options)
+    src, out = Path(src), Path(out)
+    parent_manifest = _check_parent(src)
+    if out.exists() and not force:
+        raise QuantizationError(f"output directory {out} already exists; pass --force (force=True) to replace it")
+    if out.resolve() == src.resolve():
+        raise QuantizationError("the output directory is the model's own directory; choose another")
+    texts = read_texts(calibration)
+    if calibration and not texts:
+        raise QuantizationError(f"the calibration files hold no text: {', '.join(map(str, calibration))}")
+    if cfg.needs_calibration and not texts:
+        raise QuantizationError(f"{cfg.mode} {cfg.resolved_algo or ''} needs calibration text: pass --calibration FILE")
+    held_out = None
+    if eval_text is not None:
+        found = read_texts([eval_text])
+        if not found:
+            raise QuantizationError(f"the evaluation text {eval_text} is empty")
+        held_out = found[0]
+    eval_source = str(eval_text) if eval_text is not None else "held-out calibration text"
+    if held_out is None and not texts:
+        raise QuantizationError("the quality report needs held-out text: pass --eval-text FILE or --calibration FILE")
+
+    t0 = time.perf_counter()
+    parent = load(src, "cpu")
+    if parent.tokenizer is None:
+        raise QuantizationError(f"{src} has no tokenizer.json; calibration and the report need one")
+    reader = None
+    if texts:
+        split = split_text(parent.tokenizer, texts, cfg.samples, cfg.seq_len, 0 if held_out else cfg.eval_tokens)
+        held_out = held_out or split.held_out
+        if cfg.needs_calibration:
+            say(f"calibration: running the float model over {len(split.windows)} windows")
+            reader = CalibrationReader(calibration_feeds(parent, split.windows, cfg.decode_steps))
+    if not held_out or len(parent.tokenizer.encode(held_out, add_special_tokens=False).ids) < 2:
+        raise QuantizationError("no held-out text is left after calibration; pass --eval-text or lower --samples")
+
+    import onnx
+
+    graph_path = src / parent_manifest.graph_file
+    model = onnx.load(str(graph_path))
+    bare = onnx.load(str(graph_path), load_external_data=False)
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in bare.graph.initializer)
+    selection = select_nodes(model.graph, cfg)
+    give_private_weights(model.graph, selection.quantize)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
+        say(f"quantizing {len(selection.quantize)} nodes ({label})")
+        quantized = _run(model, cfg, selection, reader, tmp, external)
+        _save(quantized, tmp / parent_manifest.graph_file, external)
+        for name in TOKENIZER_FILES:
+            if (src / name).is_file():
+                shutil.copy2(src / name, tmp / name)
+        evaluation = {"source": eval_source, "chars": len(held_out)}
+        manifest = _manifest(parent_manifest, src, cfg, selection, reader, evaluation)
+        manifest.record_files(tmp)
+        manifest.write(tmp)
+        say("measuring quality against the float model")
+        report = quality_report(parent, load(tmp, "cpu"), held_out, cfg)
+        _gate(report, cfg)
+        q = manifest.quantization or {}
+        q["report"] = report
+        q["size"] = _sizes(src, tmp, parent_manifest.graph_file)
+        q["seconds"] = round(time.perf_counter() - t0, 2)
+        manifest.write(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    say(f"wrote {out}")
+    return manifest
+
+
+def _check_parent(src: Path) -> Manifest:
+    manifest = read_manifest(src)
+    if manifest.format != "onnx":
+        raise QuantizationError(
+            f"{src} holds a {manifest.format} graph; quantization needs ONNX (export --format onnx)"
+        )
+    if manifest.quantization is not None:
+        raise QuantizationError(
+            f"{src} is already quantized ({manifest.quantization.get('mode')}); quantize its float parent instead"
+        )
+    return manifest
+
+
+def _run(
+    model: Any, cfg: QuantConfig, selection: Selection, reader: CalibrationReader | None, tmp: Path, external: bool
+) -> Any:
+    from . import methods
+
+    work = tmp / ".work"
+    work.mkdir()
+    try:
+        if cfg.mode == "int8-static":
+            assert reader is not None
+            return methods.int8_static(model, work, selection.quantize, reader, cfg.calib_method, external)
+        if cfg.mode == "int8-dynamic":
+            return methods.int8_dynamic(model, work, selection.quantize, external)
+        bits, algo = WEIGHT_BITS[cfg.mode], cfg.resolved_algo or "rtn"
+        return methods.weight_only(model, bits, algo, cfg.block_size, selection.quantize, reader)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _save(model: Any, path: Path, external: bool) -> None:
+    import onnx
+
+    model.ir_version = IR_VERSION
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=external,
+        all_tensors_to_one_file=True,
+        location=path.name + ".data",
+        size_threshold=1024,
+    )
+
+
+def _manifest(
+    parent: Manifest,
+    src: Path,
+    cfg: QuantConfig,
+    selection: Selection,
+    reader: CalibrationReader | None,
+    evaluation: dict[str, Any],
+) -> Manifest:
+    import onnxruntime
+
+    manifest = Manifest.from_dict(parent.to_dict())
+    manifest.parity = {}  # the parent's export parity describes the float graph, kept below
+    manifest.quantization = {
+        "mode": cfg.mode,
+        "algo": cfg.resolved_algo,
+        "block_size": cfg.block_size if cfg.weight_only else None,
+        "calib_method": cfg.calib_method if cfg.mode == "int8-static" else None,
+        "weight_bits": WEIGHT_BITS[cfg.mode],
+        "quantized_nodes": selection.quantize,
+        "excluded": selection.excluded,
+        "keep_float_patterns": selection.patterns,
+        "include_patterns": list(cfg.include),
+        "calibration": {
+            "feeds": len(reader) if reader else 0,
+            "samples": cfg.samples,
+            "seq_len": cfg.seq_len,
+            "decode_steps": cfg.decode_steps,
+        },
+        "eval_text": evaluation,
+        "parent": {"path": str(src.resolve()), "files": parent.files, "parity": parent.parity},
+        "onnxruntime": onnxruntime.__version__,
+        "hybridrt": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "report": None,
+    }
+    return manifest
+
+
+def _gate(report: dict[str, Any], cfg: QuantConfig) -> None:
+    if not finite(report):
+        raise QuantizationError(f"the quantized model's figures are not finite: {report}")
+    failed = []
+    if cfg.max_ppl_ratio is not None and report["ppl_ratio"] > cfg.max_ppl_ratio:
+        failed.append(f"perplexity ratio {report['ppl_ratio']:.4f} > --max-ppl-ratio {cfg.max_ppl_ratio}")
+    if cfg.min_greedy_agreement is not None and report["greedy_agreement"] < cfg.min_greedy_agreement:
+        failed.append(
+            f"greedy agreement {report['greedy_agreement']:.3f} < --min-greedy-agreement {cfg.min_greedy_agreement}"
+        )
+    if failed:
+        raise QuantizationError(f"quality gate failed, nothing written: {'; '.join(failed)}")
+
+
+def _sizes(src: Path, out: Path, graph_file: str) -> dict[str, Any]:
+    def graph_bytes(d: Path) -> int:
+        return sum(p.stat().st_size for p in d.iterdir() if p.name.startswith(graph_file))
+
+    parent, quantized = graph_bytes(src), graph_bytes(out)
+    return {"parent_bytes": parent, "bytes": quantized, "ratio": quantized / parent}

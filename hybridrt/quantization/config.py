@@ -1,0 +1,101 @@
+"""Quantization settings: the modes, their algorithms, and one frozen dataclass of defaults
+that the Python API and `hybridrt quantize` both read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..errors import HybridrtError
+
+
+class QuantizationError(HybridrtError):
+    """Quantization cannot run or its result failed a quality gate; nothing was written."""
+
+
+MODES = {
+    "int8-static": "int8 weights (per channel) and activations in QDQ format, ranges calibrated on text",
+    "int8-dynamic": "int8 weights, activations quantized at run time (DynamicQuantizeMatMul)",
+    "int4": "4-bit block-wise weights (MatMulNBits), float activations",
+    "int8-weight": "8-bit block-wise weights (MatMulNBits), float activations",
+}
+# Weight-only algorithms per mode. HQQ's float zero points have no 8-bit CPU kernel
+# (MatMulNBits rejects them), so int8-weight offers RTN and GPTQ only.
+ALGOS = {"int4": ("rtn", "hqq", "gptq"), "int8-weight": ("rtn", "gptq")}
+CALIB_METHODS = ("minmax", "entropy", "percentile")
+WEIGHT_BITS = {"int8-static": 8, "int8-dynamic": 8, "int4": 4, "int8-weight": 8}
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """One quantization run. `algo` applies to the weight-only modes (default rtn);
+    `calib_method` to int8-static. Calibration text is cut into `samples` windows of
+    `seq_len` tokens; each window gives a prompt feed, a continuation chunk and
+    `decode_steps` one-token feeds (see calibration.py)."""
+
+    mode: str = "int8-static"
+    algo: str | None = None
+    block_size: int = 32
+    calib_method: str = "minmax"
+    samples: int = 32
+    seq_len: int = 128
+    decode_steps: int = 4
+    exclude: tuple[str, ...] = ()
+    include: tuple[str, ...] = ()
+    keep_float_default: bool = True
+    eval_tokens: int = 1024
+    eval_window: int = 256
+    agreement_prompts: int = 8
+    agreement_tokens: int = 64
+    prompt_tokens: int = 16
+    max_ppl_ratio: float | None = None
+    min_greedy_agreement: float | None = None
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> QuantConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise QuantizationError(
+                f"unknown quantization option {', '.join(unknown)}; known: {', '.join(sorted(names))}"
+            )
+        for key in ("exclude", "include"):
+            if key in kwargs:
+                kwargs[key] = tuple(kwargs[key] or ())
+        cfg = cls(**kwargs)
+        cfg.validate()
+        return cfg
+
+    @property
+    def weight_only(self) -> bool:
+        return self.mode in ALGOS
+
+    @property
+    def resolved_algo(self) -> str | None:
+        return (self.algo or "rtn") if self.weight_only else None
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.mode == "int8-static" or self.resolved_algo == "gptq"
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise QuantizationError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.algo is not None and not self.weight_only:
+            raise QuantizationError(f"--algo applies to the weight-only modes ({', '.join(ALGOS)}), not {self.mode}")
+        if self.weight_only and self.resolved_algo not in ALGOS[self.mode]:
+            raise QuantizationError(
+                f"unknown algorithm {self.algo!r} for {self.mode}; choose one of {', '.join(ALGOS[self.mode])}"
+            )
+        if self.calib_method not in CALIB_METHODS:
+            raise QuantizationError(
+                f"unknown calibration method {self.calib_method!r}; choose one of {', '.join(CALIB_METHODS)}"
+            )
+        b = self.block_size
+        if b < 16 or b & (b - 1):
+            raise QuantizationError(f"block size must be a power of two >= 16 (MatMulNBits), got {b}")
+        for name in ("samples", "seq_len", "eval_tokens", "eval_window", "agreement_prompts", "agreement_tokens"):
+            if getattr(self, name) < 1:
+                raise QuantizationError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.seq_len < 2 or self.prompt_tokens < 1 or self.decode_steps < 0:
+            raise QuantizationError("need seq_len >= 2, prompt_tokens >= 1 and decode_steps >= 0")

@@ -1,0 +1,155 @@
+"""The quantizers. onnxruntime.quantization does the work; this module picks its options for
+hybridrt graphs and works around what it cannot do with them:
+
+- quant_pre_process is not used: its symbolic shape inference cannot relate the contract's
+  dims (it stops at "Cannot determine if -seq + total_len < 0" and raises "Incomplete
+  symbolic shape inference"), and with that step skipped it only adds opset imports.
+  quantize_static's own ONNX shape inference passes the com.microsoft nodes through
+  (LinearAttention is left unquantized and untouched), and only MatMul is quantized.
+- The neural-compressor code behind RTNWeightOnlyQuantConfig and GPTQ packs 4-bit
+  asymmetric zero points across columns, which breaks when a column holds an odd number of
+  blocks (K / block_size odd, e.g. K = 32 with block 32). RTN therefore uses onnxruntime's
+  own blockwise round-to-nearest quantizer (DefaultWeightOnlyQuantConfig), and GPTQ
+  quantizes such nodes symmetrically (no zero points to pack).
+- GPTQ emits MatMulNBits only for 4 bits and leaves fake-quantized float weights for 8, so
+  int8-weight GPTQ re-quantizes those with the 8-bit RTN quantizer, as onnxruntime's 4-bit
+  GPTQ path does internally with its own grid.
+- quantize_static's entropy and percentile calibrators stack every collected output into
+  one array, which fails on feeds of different lengths (prompt, chunk, decode step); its
+  strided collection, one feed at a time, merges histograms instead.
+- Importing matmul_nbits_quantizer calls logging.basicConfig(level=INFO) on the root logger
+  and the quantizers print progress to stdout: `quiet()` keeps both out of the caller's way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .calibration import CalibrationReader
+from .config import QuantizationError
+from .selection import QUANTIZED_OP_TYPES
+
+CALIBRATION_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    root = logging.getLogger()
+    guard, level = logging.NullHandler(), root.level
+    root.addHandler(guard)  # a root handler makes the import-time basicConfig a no-op
+    root.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        root.removeHandler(guard)
+        root.setLevel(level)
+
+
+def int8_static(
+    model: Any, work: Path, nodes: list[str], reader: CalibrationReader, calib_method: str, external: bool
+) -> Any:
+    """QDQ: per-channel int8 weights, int8 activations with ranges from the reader's feeds."""
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    out = work / "model.onnx"
+    with quiet():
+        quantize_static(
+            model,
+            str(out),
+            reader,
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=list(QUANTIZED_OP_TYPES),
+            nodes_to_quantize=_nonempty(nodes),
+            per_channel=True,
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            calibrate_method=getattr(CalibrationMethod, CALIBRATION_METHODS[calib_method]),
+            use_external_data_format=external,
+            # One feed per collection: the histogram calibrators (entropy, percentile) stack
+            # a collection's outputs into one array, and prompt, chunk and decode feeds differ
+            # in length. Ranges and histograms merge across collections.
+            extra_options={"CalibStridedMinMax": 1},
+        )
+    return onnx.load(str(out))
+
+
+def int8_dynamic(model: Any, work: Path, nodes: list[str], external: bool) -> Any:
+    """int8 weights (per tensor), activations quantized per call at run time."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    out = work / "model.onnx"
+    with quiet():
+        quantize_dynamic(
+            model,
+            str(out),
+            op_types_to_quantize=list(QUANTIZED_OP_TYPES),
+            nodes_to_quantize=_nonempty(nodes),
+            weight_type=QuantType.QInt8,
+            use_external_data_format=external,
+        )
+    return onnx.load(str(out))
+
+
+def weight_only(
+    model: Any, bits: int, algo: str, block_size: int, nodes: list[str], reader: CalibrationReader | None
+) -> Any:
+    """MatMulNBits with `bits`-bit block-wise weights (rtn, hqq or gptq)."""
+    _nonempty(nodes)
+    with quiet():
+        if algo == "gptq":
+            if reader is None:
+                raise QuantizationError("GPTQ needs calibration text (--calibration)")
+            model = _gptq(model, bits, block_size, nodes, reader)
+            if bits == 4:
+                return model
+            algo = "rtn"  # 8 bits: GPTQ left fake-quantized float weights; store them as MatMulNBits
+        from onnxruntime.quantization import matmul_nbits_quantizer as mnb
+
+        if algo == "rtn":
+            config: Any = mnb.DefaultWeightOnlyQuantConfig(block_size=block_size, bits=bits)
+        else:
+            config = mnb.HQQWeightOnlyQuantConfig(block_size=block_size, bits=bits)
+        quantizer = mnb.MatMulNBitsQuantizer(
+            model, bits=bits, block_size=block_size, nodes_to_exclude=_others(model, nodes), algo_config=config
+        )
+        quantizer.process()
+        return quantizer.model.model
+
+
+def _gptq(model: Any, bits: int, block_size: int, nodes: list[str], reader: CalibrationReader) -> Any:
+    """onnxruntime's GPTQ, called with a weight config that names every MatMul:
+    MatMulNBitsQuantizer's GPTQ path ignores nodes_to_exclude and would quantize them all."""
+    from onnxruntime.quantization.neural_compressor import gptq_quantize
+
+    inits = {t.name: t for t in model.graph.initializer}
+    chosen = set(nodes)
+    config: dict[str, Any] = dict.fromkeys(_others(model, nodes), "fp32")
+    for node in model.graph.node:
+        if node.name in chosen:
+            odd = -(-inits[node.input[1]].dims[0] // block_size) % 2 == 1
+            config[node.name] = {"bits": bits, "group_size": block_size, "scheme": "sym" if odd else "asym"}
+    reader.rewind()
+    batches = ((feed, None) for feed in iter(reader.get_next, None))
+    return gptq_quantize(model, batches, weight_config=config, n_samples=-1).model
+
+
+def _others(model: Any, nodes: list[str]) -> list[str]:
+    chosen = set(nodes)
+    return [n.name for n in model.graph.node if n.op_type in QUANTIZED_OP_TYPES and n.name not in chosen]
+
+
+def _nonempty(nodes: list[str]) -> list[str]:
+    # onnxruntime reads an empty nodes_to_quantize as "every node".
+    if not nodes:
+        raise QuantizationError("no node is left to quantize after the exclusions; check --exclude/--include")
+    return nodes

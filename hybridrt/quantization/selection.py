@@ -1,0 +1,141 @@
+"""Which nodes get quantized weights, and why every other candidate stays float.
+
+Every mode quantizes MatMul nodes with a constant weight (the linear layers); all other
+operators stay float because no mode lists them. Node names are hierarchical
+(/model/layers.{i}/{mixer,ffn,input_norm,ffn_norm}/..., /model/norm/..., /lm_head/MatMul),
+so the exclusions are fnmatch patterns over them.
+
+Two rules always hold (no option overrides them):
+- state tensors are never quantized: a node that reads a past.* input or writes a
+  present.* output stays float, so the recurrent SSM/conv states and the KV cache keep
+  full precision from one step to the next (quantization error there compounds per token);
+- a MatMul without a constant weight (activation x activation: attention scores and
+  values over the KV cache) stays float.
+
+DEFAULT_KEEP_FLOAT lists the rest (drop it with keep_float_default=False; --include
+PATTERN quantizes matching nodes anyway, --exclude PATTERN keeps more float).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+from .config import QuantConfig
+
+QUANTIZED_OP_TYPES = ("MatMul",)
+
+
+@dataclass(frozen=True)
+class KeepFloat:
+    pattern: str
+    why: str
+
+
+DEFAULT_KEEP_FLOAT: tuple[KeepFloat, ...] = (
+    KeepFloat("*/LinearAttention*", "the SSM recurrence S_t = exp(g_t) S_t-1 + k_t v_t: its error compounds per token"),
+    KeepFloat("*/Softplus*", "dt = softplus(.) sets the decay exp(dt A); small errors change how long state lasts"),
+    KeepFloat("*/Exp*", "exp(dt A), the per-token decay of the SSM state"),
+    KeepFloat("*/mixer/dt_proj/*", "dt_proj feeds softplus and exp (the decay); it is small (dt_rank x d_inner)"),
+    KeepFloat("*norm*", "RMSNorm (Pow/ReduceMean/Sqrt) and the dt/B/C norms: reductions that scale every channel"),
+    KeepFloat("*/mixer/Conv*", "the causal conv runs over [conv state, x]: the conv state path"),
+    KeepFloat("*/ffn/router/*", "the MoE router: a flipped top-k sends tokens to other experts; it is tiny"),
+    KeepFloat("/lm_head/*", "the logits: every next-token distribution passes through it"),
+)
+
+
+@dataclass
+class Selection:
+    """Node names to quantize, and every candidate kept float with the reason."""
+
+    quantize: list[str]
+    excluded: dict[str, str]
+    patterns: list[str]
+
+
+def select_nodes(graph: Any, cfg: QuantConfig) -> Selection:
+    """Apply the state rules, the default list (unless disabled), --exclude and --include."""
+    defaults = [(k.pattern, k.why) for k in DEFAULT_KEEP_FLOAT] if cfg.keep_float_default else []
+    patterns = defaults + [(p, "--exclude") for p in cfg.exclude]
+    weights = constant_weights(graph)
+    quantize: list[str] = []
+    excluded: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type not in QUANTIZED_OP_TYPES:
+            continue
+        if any(n.startswith("past.") for n in node.input) or any(n.startswith("present.") for n in node.output):
+            excluded[node.name] = "reads or writes a state tensor"
+        elif node.name not in weights:
+            excluded[node.name] = "no constant weight (activation x activation, e.g. attention over the KV cache)"
+        elif any(fnmatchcase(node.name, p) for p in cfg.include):
+            quantize.append(node.name)
+        else:
+            why = next((f"{p}: {w}" for p, w in patterns if fnmatchcase(node.name, p)), None)
+            if why is None:
+                quantize.append(node.name)
+            else:
+                excluded[node.name] = why
+    return Selection(quantize, excluded, [p for p, _ in patterns])
+
+
+def constant_weights(graph: Any) -> dict[str, tuple[str, bool]]:
+    """MatMul node name -> (initializer, transposed) for weights that are an initializer,
+    or a 2-D Transpose of one (a weight tied to the embedding: lm_head = embedding^T)."""
+    inits = {t.name: t for t in graph.initializer}
+    transposes = {
+        n.output[0]: n.input[0]
+        for n in graph.node
+        if n.op_type == "Transpose" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2 and _swaps(n)
+    }
+    found: dict[str, tuple[str, bool]] = {}
+    for node in graph.node:
+        if node.op_type != "MatMul" or len(node.input) < 2:
+            continue
+        b = node.input[1]
+        if b in inits and len(inits[b].dims) == 2:
+            found[node.name] = (b, False)
+        elif b in transposes:
+            found[node.name] = (transposes[b], True)
+    return found
+
+
+def _swaps(node: Any) -> bool:
+    perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+    return perm in (None, [1, 0])
+
+
+def give_private_weights(graph: Any, names: list[str]) -> list[str]:
+    """Each MatMul in `names` gets a weight initializer of its own, [K, N].
+
+    The quantizers replace a weight in place: a weight tied to the embedding (reached
+    through a Transpose) is skipped by all of them, and one initializer shared by two
+    quantized nodes would be quantized twice under one name. A private copy fixes both;
+    the original stays for its other users (the embedding Gather). Returns the nodes that
+    got one."""
+    from onnx import numpy_helper
+
+    weights = constant_weights(graph)
+    inits = {t.name: t for t in graph.initializer}
+    uses = Counter(i for n in graph.node for i in n.input)
+    chosen = set(names)
+    copied, unhooked = [], set()
+    for node in graph.node:
+        if node.name not in chosen or node.name not in weights:
+            continue
+        name, transposed = weights[node.name]
+        if not transposed and uses[name] == 1:
+            continue
+        array = numpy_helper.to_array(inits[name])
+        private = numpy_helper.from_array((array.T if transposed else array).copy(), f"{node.name}/weight")
+        graph.initializer.append(private)
+        if transposed:
+            unhooked.add(node.input[1])
+        node.input[1] = private.name
+        copied.append(node.name)
+    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    dead = [n for n in graph.node if n.output and n.output[0] in unhooked - used]
+    for node in dead:
+        graph.node.remove(node)
+    return copied
