@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import __version__
 from ..graphs.manifest import TOKENIZER_FILES, Manifest, read_manifest
-from .calibration import CalibrationReader, calibration_feeds, read_texts, split_text
+from .calibration import CalibrationReader, calibration_feeds, head, read_texts, split_text
 from .config import WEIGHT_BITS, QuantConfig, QuantizationError
 from .report import finite, quality_report
 from .selection import Selection, give_private_weights, select_nodes
@@ -62,7 +62,8 @@ def quantize(
     if calibration and not texts:
         raise QuantizationError(f"the calibration files hold no text: {', '.join(map(str, calibration))}")
     if cfg.needs_calibration and not texts:
-        raise QuantizationError(f"{cfg.mode} {cfg.resolved_algo or ''} needs calibration text: pass --calibration FILE")
+        label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
+        raise QuantizationError(f"{label} needs calibration text: pass --calibration FILE")
     held_out = None
     if eval_text is not None:
         found = read_texts([eval_text])
@@ -78,6 +79,8 @@ def quantize(
     if parent.tokenizer is None:
         raise QuantizationError(f"{src} has no tokenizer.json; calibration and the report need one")
     reader = None
+    if held_out is not None:
+        held_out = head(parent.tokenizer, held_out, cfg.eval_tokens)
     if texts:
         split = split_text(parent.tokenizer, texts, cfg.samples, cfg.seq_len, 0 if held_out else cfg.eval_tokens)
         held_out = held_out or split.held_out

@@ -87,6 +87,12 @@ def split_text(tokenizer: Any, texts: Sequence[str], samples: int, seq_len: int,
     return Split(windows, held_out)
 
 
+def head(tokenizer: Any, text: str, n_tokens: int) -> str:
+    """The text of the first n_tokens tokens."""
+    offsets = tokenizer.encode(text, add_special_tokens=False).offsets
+    return text if len(offsets) <= n_tokens else text[: offsets[n_tokens - 1][1]]
+
+
 class FeedMaker:
     """Graph feeds for batch 1 and one float session to advance states with."""
 

@@ -84,8 +84,9 @@ class QuantConfig:
         if self.algo is not None and not self.weight_only:
             raise QuantizationError(f"--algo applies to the weight-only modes ({', '.join(ALGOS)}), not {self.mode}")
         if self.weight_only and self.resolved_algo not in ALGOS[self.mode]:
+            why = " (HQQ's float zero points have no 8-bit CPU kernel)" if self.algo == "hqq" else ""
             raise QuantizationError(
-                f"unknown algorithm {self.algo!r} for {self.mode}; choose one of {', '.join(ALGOS[self.mode])}"
+                f"unknown algorithm {self.algo!r} for {self.mode}{why}; choose one of {', '.join(ALGOS[self.mode])}"
             )
         if self.calib_method not in CALIB_METHODS:
             raise QuantizationError(

@@ -14,6 +14,8 @@ hybridrt graphs and works around what it cannot do with them:
 - GPTQ emits MatMulNBits only for 4 bits and leaves fake-quantized float weights for 8, so
   int8-weight GPTQ re-quantizes those with the 8-bit RTN quantizer, as onnxruntime's 4-bit
   GPTQ path does internally with its own grid.
+- QDQ hands every consumer of a quantized activation the dequantized tensor, also the
+  float ones (the scan's input in a Mamba mixer); restore_float_inputs undoes that.
 - quantize_static's entropy and percentile calibrators stack every collected output into
   one array, which fails on feeds of different lengths (prompt, chunk, decode step); its
   strided collection, one feed at a time, merges histograms instead.
@@ -43,7 +45,7 @@ def quiet() -> Iterator[None]:
     root = logging.getLogger()
     guard, level = logging.NullHandler(), root.level
     root.addHandler(guard)  # a root handler makes the import-time basicConfig a no-op
-    root.setLevel(logging.WARNING)
+    root.setLevel(logging.ERROR)  # also "consider pre-processing": skipped on purpose (see above)
     try:
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -79,7 +81,28 @@ def int8_static(
             # in length. Ranges and histograms merge across collections.
             extra_options={"CalibStridedMinMax": 1},
         )
-    return onnx.load(str(out))
+    quantized = onnx.load(str(out))
+    restore_float_inputs(quantized.graph, set(nodes))
+    return quantized
+
+
+def restore_float_inputs(graph: Any, quantized: set[str]) -> None:
+    """QDQ rewires every consumer of a quantized activation to its DequantizeLinear output.
+    In a Mamba mixer the input of x_proj also feeds the scan (dt * x) and the D skip, which
+    would then read int8-rounded values; give such float consumers the float tensor back.
+    A graph output behind a DequantizeLinear would be a quantized state: refused."""
+    producer = {o: n for n in graph.node for o in n.output}
+    for node in graph.node:
+        if node.name in quantized or node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        for i, name in enumerate(node.input):
+            dq = producer.get(name)
+            q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+            if q is not None and q.op_type == "QuantizeLinear":
+                node.input[i] = q.input[0]
+    for value in graph.output:
+        if value.name in producer and producer[value.name].op_type == "DequantizeLinear":
+            raise QuantizationError(f"graph output {value.name} would be quantized; exclude the nodes that read it")
 
 
 def int8_dynamic(model: Any, work: Path, nodes: list[str], external: bool) -> Any:
