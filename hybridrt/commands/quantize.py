@@ -50,9 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="apply the default keep-float list (SSM scan, dt, norms, conv, router, lm_head); false drops it",
     )
     p.add_argument("--eval-text", type=Path, help="held-out text for the report (default: calibration text left over)")
-    p.add_argument(
-        "--eval-tokens", type=int, default=DEFAULTS.eval_tokens, help="held-out tokens taken from the calibration text"
-    )
+    p.add_argument("--eval-tokens", type=int, default=DEFAULTS.eval_tokens, help="held-out tokens the report scores")
     p.add_argument(
         "--agreement-prompts", type=int, default=DEFAULTS.agreement_prompts, help="prompts for greedy agreement"
     )

@@ -58,44 +58,14 @@ def quantize(
         raise QuantizationError(f"output directory {out} already exists; pass --force (force=True) to replace it")
     if out.resolve() == src.resolve():
         raise QuantizationError("the output directory is the model's own directory; choose another")
-    texts = read_texts(calibration)
-    if calibration and not texts:
-        raise QuantizationError(f"the calibration files hold no text: {', '.join(map(str, calibration))}")
-    if cfg.needs_calibration and not texts:
-        label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
-        raise QuantizationError(f"{label} needs calibration text: pass --calibration FILE")
-    held_out = None
-    if eval_text is not None:
-        found = read_texts([eval_text])
-        if not found:
-            raise QuantizationError(f"the evaluation text {eval_text} is empty")
-        held_out = found[0]
-    eval_source = str(eval_text) if eval_text is not None else "held-out calibration text"
-    if held_out is None and not texts:
-        raise QuantizationError("the quality report needs held-out text: pass --eval-text FILE or --calibration FILE")
+    texts, eval_texts = _read_inputs(cfg, calibration, eval_text)
 
     t0 = time.perf_counter()
     parent = load(src, "cpu")
     if parent.tokenizer is None:
         raise QuantizationError(f"{src} has no tokenizer.json; calibration and the report need one")
-    reader = None
-    if held_out is not None:
-        held_out = head(parent.tokenizer, held_out, cfg.eval_tokens)
-    if texts:
-        split = split_text(parent.tokenizer, texts, cfg.samples, cfg.seq_len, 0 if held_out else cfg.eval_tokens)
-        held_out = held_out or split.held_out
-        if cfg.needs_calibration:
-            say(f"calibration: running the float model over {len(split.windows)} windows")
-            reader = CalibrationReader(calibration_feeds(parent, split.windows, cfg.decode_steps))
-    if not held_out or len(parent.tokenizer.encode(held_out, add_special_tokens=False).ids) < 2:
-        raise QuantizationError("no held-out text is left after calibration; pass --eval-text or lower --samples")
-
-    import onnx
-
-    graph_path = src / parent_manifest.graph_file
-    model = onnx.load(str(graph_path))
-    bare = onnx.load(str(graph_path), load_external_data=False)
-    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in bare.graph.initializer)
+    reader, held_out = _calibrate(parent, cfg, texts, eval_texts, say)
+    model, external = _load_graph(src / parent_manifest.graph_file)
     selection = select_nodes(model.graph, cfg)
     give_private_weights(model.graph, selection.quantize)
 
@@ -104,22 +74,20 @@ def quantize(
     try:
         label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
         say(f"quantizing {len(selection.quantize)} nodes ({label})")
-        quantized = _run(model, cfg, selection, reader, tmp, external)
-        _save(quantized, tmp / parent_manifest.graph_file, external)
+        _save(_run(model, cfg, selection, reader, tmp, external), tmp / parent_manifest.graph_file, external)
         for name in TOKENIZER_FILES:
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
-        evaluation = {"source": eval_source, "chars": len(held_out)}
+        evaluation = {"source": str(eval_text or "held-out calibration text"), "chars": len(held_out)}
         manifest = _manifest(parent_manifest, src, cfg, selection, reader, evaluation)
         manifest.record_files(tmp)
         manifest.write(tmp)
         say("measuring quality against the float model")
         report = quality_report(parent, load(tmp, "cpu"), held_out, cfg)
         _gate(report, cfg)
-        q = manifest.quantization or {}
-        q["report"] = report
-        q["size"] = _sizes(src, tmp, parent_manifest.graph_file)
-        q["seconds"] = round(time.perf_counter() - t0, 2)
+        record = manifest.quantization or {}
+        record |= {"report": report, "size": _sizes(src, tmp, parent_manifest.graph_file)}
+        record["seconds"] = round(time.perf_counter() - t0, 2)
         manifest.write(tmp)
         if out.exists():
             shutil.rmtree(out)
@@ -129,6 +97,50 @@ def quantize(
         raise
     say(f"wrote {out}")
     return manifest
+
+
+def _read_inputs(
+    cfg: QuantConfig, calibration: Sequence[str | Path], eval_text: str | Path | None
+) -> tuple[list[str], list[str]]:
+    """Calibration texts and evaluation texts, checked before any work is done."""
+    texts = read_texts(calibration)
+    if calibration and not texts:
+        raise QuantizationError(f"the calibration files hold no text: {', '.join(map(str, calibration))}")
+    if cfg.needs_calibration and not texts:
+        label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
+        raise QuantizationError(f"{label} needs calibration text: pass --calibration FILE")
+    eval_texts = read_texts([eval_text]) if eval_text is not None else []
+    if eval_text is not None and not eval_texts:
+        raise QuantizationError(f"the evaluation text {eval_text} is empty")
+    if not eval_texts and not texts:
+        raise QuantizationError("the quality report needs held-out text: pass --eval-text FILE or --calibration FILE")
+    return texts, eval_texts
+
+
+def _calibrate(
+    parent: Any, cfg: QuantConfig, texts: list[str], eval_texts: list[str], say: Callable[[str], None]
+) -> tuple[CalibrationReader | None, str]:
+    """The calibration reader (modes that need one) and the held-out text of the report."""
+    held_out = head(parent.tokenizer, "\n\n".join(eval_texts), cfg.eval_tokens) if eval_texts else ""
+    reader = None
+    if texts:
+        split = split_text(parent.tokenizer, texts, cfg.samples, cfg.seq_len, 0 if eval_texts else cfg.eval_tokens)
+        held_out = held_out or split.held_out
+        if cfg.needs_calibration:
+            say(f"calibration: running the float model over {len(split.windows)} windows")
+            reader = CalibrationReader(calibration_feeds(parent, split.windows, cfg.decode_steps))
+    if len(parent.tokenizer.encode(held_out, add_special_tokens=False).ids) < 2:
+        raise QuantizationError("no held-out text is left after calibration; pass --eval-text or lower --samples")
+    return reader, held_out
+
+
+def _load_graph(path: Path) -> tuple[Any, bool]:
+    """The float graph with its weights, and whether they live in an external data file."""
+    import onnx
+
+    bare = onnx.load(str(path), load_external_data=False)
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in bare.graph.initializer)
+    return onnx.load(str(path)), external
 
 
 def _check_parent(src: Path) -> Manifest:

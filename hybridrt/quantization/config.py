@@ -15,7 +15,7 @@ class QuantizationError(HybridrtError):
 
 MODES = {
     "int8-static": "int8 weights (per channel) and activations in QDQ format, ranges calibrated on text",
-    "int8-dynamic": "int8 weights, activations quantized at run time (DynamicQuantizeMatMul)",
+    "int8-dynamic": "int8 weights, activations quantized at run time (DynamicQuantizeLinear + MatMulInteger)",
     "int4": "4-bit block-wise weights (MatMulNBits), float activations",
     "int8-weight": "8-bit block-wise weights (MatMulNBits), float activations",
 }

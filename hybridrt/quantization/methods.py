@@ -79,7 +79,12 @@ def int8_static(
             # One feed per collection: the histogram calibrators (entropy, percentile) stack
             # a collection's outputs into one array, and prompt, chunk and decode feeds differ
             # in length. Ranges and histograms merge across collections.
-            extra_options={"CalibStridedMinMax": 1},
+            extra_options={
+                "CalibStridedMinMax": 1,
+                # A MatMul's output feeds float ops (the scan's dt, B, C; the residual add):
+                # quantize its inputs only, so that it runs as MatMulIntegerToFloat.
+                "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OP_TYPES),
+            },
         )
     quantized = onnx.load(str(out))
     restore_float_inputs(quantized.graph, set(nodes))
@@ -100,6 +105,10 @@ def restore_float_inputs(graph: Any, quantized: set[str]) -> None:
             q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
             if q is not None and q.op_type == "QuantizeLinear":
                 node.input[i] = q.input[0]
+    for op_type in ("DequantizeLinear", "QuantizeLinear"):  # pairs nothing reads any more
+        used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        for node in [n for n in graph.node if n.op_type == op_type and n.output[0] not in used]:
+            graph.node.remove(node)
     for value in graph.output:
         if value.name in producer and producer[value.name].op_type == "DequantizeLinear":
             raise QuantizationError(f"graph output {value.name} would be quantized; exclude the nodes that read it")
