@@ -9,6 +9,9 @@ call, then one `present.*` per state, in the same order as the pasts.
 States by mixer kind (layer index i):
   attention  past.{i}.key / past.{i}.value   [batch, kv_heads, past_len, head_dim]  grows per token
   mamba      past.{i}.conv [batch, d_inner, d_conv-1], past.{i}.ssm [batch, d_inner, d_state]
+  mamba2     past.{i}.conv [batch, conv_dim, d_conv-1], past.{i}.ssm [batch, heads, head_dim, d_state]
+             (conv_dim = d_inner + 2 groups d_state: x, B and C share one conv)
+  conv       past.{i}.conv [batch, hidden, conv_kernel-1]  (LFM2's short conv)
 A fresh sequence starts from zeros and a past of length 0.
 """
 
@@ -55,6 +58,16 @@ def _layer_states(cfg: ConfigLike, i: int, kind: str, prefix: str, length: str) 
             TensorSpec(f"{prefix}.{i}.conv", ("batch", cfg.d_inner, cfg.mamba_d_conv - 1), "float32", "conv", i),
             TensorSpec(f"{prefix}.{i}.ssm", ("batch", cfg.d_inner, cfg.mamba_d_state), "float32", "ssm", i),
         ]
+    if kind == "mamba2":
+        ssm: tuple[Dim, ...] = ("batch", cfg.mamba2_heads, cfg.mamba2_head_dim, cfg.mamba_d_state)
+        return [
+            TensorSpec(
+                f"{prefix}.{i}.conv", ("batch", cfg.mamba2_conv_dim, cfg.mamba_d_conv - 1), "float32", "conv", i
+            ),
+            TensorSpec(f"{prefix}.{i}.ssm", ssm, "float32", "ssm", i),
+        ]
+    if kind == "conv":
+        return [TensorSpec(f"{prefix}.{i}.conv", ("batch", cfg.hidden_size, cfg.conv_kernel - 1), "float32", "conv", i)]
     raise ValueError(f"no state contract for mixer kind {kind!r}")
 
 

@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-MIXER_KINDS = ("attention", "mamba")
-FFN_KINDS = ("mlp", "moe", "none")
+MIXER_KINDS = ("attention", "mamba", "mamba2", "conv")
+FFN_KINDS = ("mlp", "moe", "shared_mlp", "shared_moe", "none")
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -26,6 +26,7 @@ class HybridConfig:
       d  hidden_size      d_inner  mamba expand * d           n  d_state
       h  attention heads  h_kv  key/value heads               hd  head_dim
       k  d_conv           r  dt_rank                           v  vocab_size
+      H  mamba2 heads     P  mamba2 head_dim                   G  mamba2 groups (of B, C)
     """
 
     model_type: str
@@ -43,11 +44,13 @@ class HybridConfig:
     max_position_embeddings: int = 4096
     attention_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False  # RMSNorm over each query and key head before RoPE (LFM2)
     # Rotary position embedding; rope_theta None means the attention uses no positions
     # (Jamba: the Mamba layers carry position information).
     rope_theta: float | None = None
     rope_type: str = "default"
     rope_scaling: tuple[tuple[str, float], ...] = ()
+    rope_partial_factor: float = 1.0  # rotary on the first int(head_dim * factor) dims only (Bamba)
     # Mamba (selective SSM, Gu & Dao 2023)
     mamba_d_state: int = 16
     mamba_d_conv: int = 4
@@ -56,9 +59,26 @@ class HybridConfig:
     mamba_conv_bias: bool = True
     mamba_proj_bias: bool = False
     mamba_inner_norms: bool = False  # Jamba's RMSNorms on dt, B and C
+    # Mamba2 (SSD, Dao & Gu 2024); d_state and d_conv are shared with Mamba1 above.
+    mamba2_heads: int = 0
+    mamba2_head_dim: int = 64
+    mamba2_groups: int = 1
+    mamba2_conv_bias: bool = True
+    mamba2_proj_bias: bool = False
+    # Short causal conv (LFM2)
+    conv_kernel: int = 3
+    conv_bias: bool = False
+    # Scalar multipliers (Granite); the defaults leave a model unchanged.
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None  # None: 1 / sqrt(head_dim)
+    logits_scaling: float = 1.0  # logits are divided by it
+    # Shared expert beside the routed ones (Granite MoE); 0 = none.
+    shared_intermediate_size: int = 0
     # Mixture of experts
     num_experts: int = 1
     num_experts_per_tok: int = 1
+    moe_renormalize: bool = False  # top-k weights rescaled to sum to 1 (Granite); Jamba keeps them
     # Special tokens
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
@@ -88,12 +108,25 @@ class HybridConfig:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
+    def rotary_dim(self) -> int:
+        return int(self.attn_head_dim * self.rope_partial_factor)
+
+    @property
     def d_inner(self) -> int:
         return self.mamba_expand * self.hidden_size
 
     @property
     def dt_rank(self) -> int:
         return self.mamba_dt_rank or -(-self.hidden_size // 16)
+
+    @property
+    def mamba2_d_inner(self) -> int:
+        return self.mamba2_heads * self.mamba2_head_dim
+
+    @property
+    def mamba2_conv_dim(self) -> int:
+        """Channels of the Mamba2 conv: x, B and C side by side."""
+        return self.mamba2_d_inner + 2 * self.mamba2_groups * self.mamba_d_state
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -52,7 +52,8 @@ class MLP(nn.Module):
 
 
 class MoE(nn.Module):
-    """Top-k mixture of gated-MLP experts (Jamba: softmax router, top-k weights not renormalized).
+    """Top-k mixture of gated-MLP experts (softmax router; Jamba keeps the top-k weights as they
+    are, Granite renormalizes them, which equals a softmax over the top-k logits).
 
     Every expert runs on every token and unselected experts get weight 0: exact, shape-static
     and export-friendly (no data-dependent gather). x [b, l, d] -> [b, l, d].
@@ -62,7 +63,7 @@ class MoE(nn.Module):
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__()
         d, f, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts
-        self.top_k = cfg.num_experts_per_tok
+        self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.moe_renormalize
         self.router = nn.Linear(d, e, bias=False)
         self.experts = nn.Module()
         self.experts.gate_up_proj = nn.Parameter(torch.zeros(e, 2 * f, d))
@@ -72,6 +73,8 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(self.router(x).float(), dim=-1)  # [b, l, E]
         top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            top_w = top_w / top_w.sum(-1, keepdim=True)
         weights = torch.zeros_like(probs).scatter(-1, top_i, top_w).to(x.dtype)  # [b, l, E]
         gate_up = torch.einsum("bld,efd->blef", x, self.experts.gate_up_proj)  # [b, l, E, 2f]
         gate, up = gate_up.chunk(2, dim=-1)
@@ -80,8 +83,9 @@ class MoE(nn.Module):
 
 
 def rope_inv_freq(cfg: HybridConfig) -> torch.Tensor:
-    """Inverse frequencies [hd/2] for the config's rope type (transformers' rope utils)."""
-    hd = cfg.attn_head_dim
+    """Inverse frequencies [rd/2] for the config's rope type (transformers' rope utils);
+    rd = cfg.rotary_dim, the head dim unless the rotary is partial."""
+    hd = cfg.rotary_dim
     assert cfg.rope_theta is not None
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
     params = dict(cfg.rope_scaling)
@@ -105,6 +109,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [b, h, l, hd], cos/sin [b, 1, l, rd]: rotate the first rd dims, pass the rest."""
+    rd = cos.shape[-1]
+    if rd == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    rot, rest = x[..., :rd], x[..., rd:]
+    return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)
+
+
 class Attention(nn.Module):
     """Grouped-query causal attention with optional RoPE and an explicit KV past.
 
@@ -120,7 +133,11 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, self.h_kv * hd, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(d, self.h_kv * hd, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.h * hd, d, bias=cfg.attention_bias)
-        self.scale = hd**-0.5
+        self.qk_norm = cfg.qk_norm
+        if self.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.scale = cfg.attention_multiplier if cfg.attention_multiplier is not None else hd**-0.5
 
     def forward(
         self,
@@ -135,10 +152,11 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, l, self.h, self.hd).transpose(1, 2)
         k = self.k_proj(x).view(b, l, self.h_kv, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(b, l, self.h_kv, self.hd).transpose(1, 2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         if cos is not None and sin is not None:
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k = torch.cat([past_k, k], dim=2)
         v = torch.cat([past_v, v], dim=2)
         # Grouped-query attention without copying K/V per query head: the query heads of
@@ -153,7 +171,7 @@ class Attention(nn.Module):
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """position_ids [b, l] -> cos, sin [b, l, hd]."""
+    """position_ids [b, l] -> cos, sin [b, l, rd]."""
     freqs = position_ids.unsqueeze(-1).float() * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()

@@ -15,10 +15,18 @@ from torch import nn
 from .config import HybridConfig
 from .layers import MLP, Attention, MoE, RMSNorm, attention_bias, rope_cos_sin, rope_inv_freq
 from .mamba import MambaMixer
+from .mamba2 import Mamba2Mixer
+from .shared_ffn import SharedMLP, SharedMoE
+from .shortconv import ShortConv
 
-MIXERS: dict[str, type[nn.Module]] = {"attention": Attention, "mamba": MambaMixer}
-FFNS: dict[str, type[nn.Module]] = {"mlp": MLP, "moe": MoE}
-STATES_PER_KIND = {"attention": 2, "mamba": 2}
+MIXERS: dict[str, type[nn.Module]] = {
+    "attention": Attention,
+    "mamba": MambaMixer,
+    "mamba2": Mamba2Mixer,
+    "conv": ShortConv,
+}
+FFNS: dict[str, type[nn.Module]] = {"mlp": MLP, "moe": MoE, "shared_mlp": SharedMLP, "shared_moe": SharedMoE}
+STATES_PER_KIND = {"attention": 2, "mamba": 2, "mamba2": 2, "conv": 1}
 
 
 class Block(nn.Module):
@@ -72,7 +80,10 @@ class HybridForCausalLM(nn.Module):
         states: list[torch.Tensor],
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         l = input_ids.shape[1]
+        cfg = self.config
         x = self.model.embed_tokens(input_ids)
+        if cfg.embedding_multiplier != 1.0:
+            x = x * cfg.embedding_multiplier
         cos = sin = None
         if self.inv_freq is not None:
             assert position_ids is not None, "this model uses rotary positions: pass position_ids"
@@ -84,16 +95,23 @@ class HybridForCausalLM(nn.Module):
         for layer in self.model.layers:
             block = cast(Block, layer)
             h = block.input_norm(x)
-            s0, s1 = states[i], states[i + 1]
+            n_states = STATES_PER_KIND[block.kind]
+            past = states[i : i + n_states]
             if block.kind == "attention":
                 assert bias is not None
-                h, s0, s1 = block.mixer(h, bias, cos, sin, s0, s1)
+                h, *present = block.mixer(h, bias, cos, sin, *past)
             else:
-                h, s0, s1 = block.mixer(h, token_mask, s0, s1)
-            out += [s0, s1]
-            i += 2
-            x = x + h
+                h, *present = block.mixer(h, token_mask, *past)
+            out += present
+            i += n_states
+            x = x + self._residual(h)
             if block.ffn is not None and block.ffn_norm is not None:
-                x = x + block.ffn(block.ffn_norm(x))
+                x = x + self._residual(block.ffn(block.ffn_norm(x)))
         logits = self.lm_head(self.model.norm(x))
+        if cfg.logits_scaling != 1.0:
+            logits = logits / cfg.logits_scaling
         return logits, out
+
+    def _residual(self, h: torch.Tensor) -> torch.Tensor:
+        m = self.config.residual_multiplier
+        return h if m == 1.0 else h * m

@@ -7,6 +7,11 @@ In ONNX it becomes one `LinearAttention` node (update_rule "gated", decay per ke
 dimension, d_k = n, d_v = 1) that runs prompt (l > 1) and decode (l = 1) alike.
 TorchScript and pt2 graphs keep the plain PyTorch path (no custom op inside), so that
 LibTorch and ExecuTorch load them without hybridrt.
+
+`ssd_scan` is the Mamba2 recurrence h_t = exp(g_t) h_{t-1} + x_t B_t^T, y_t = h_t C_t with
+a scalar decay g per head; in ONNX it is one `LinearAttention` node with a decay of shape
+[b, l, H] (k = B, v = dt x, q = C, scale 1), whose state layout [b, H, n, P] is the
+transpose of the contract's [b, H, P, n].
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 import torch
 
 from .scan import linear_scan
+from .scan import ssd_scan as _ssd_reference
 
 _FUSED = False
 
@@ -81,6 +87,40 @@ def selective_scan(
     return _scan_reference(xdt, B, C, log_decay, h0, chunk, max_len)
 
 
+@torch.library.custom_op("hybridrt::ssd_scan", mutates_args=())
+def _ssd_scan_op(
+    xdt: torch.Tensor,
+    log_decay: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    h0: torch.Tensor,
+    chunk: int,
+    max_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    y, h = _ssd_reference(xdt, log_decay, B, C, h0, chunk, max_len)
+    return y.contiguous(), h.contiguous()
+
+
+@_ssd_scan_op.register_fake
+def _(xdt, log_decay, B, C, h0, chunk, max_len):  # type: ignore[no-untyped-def]
+    return torch.empty_like(xdt), torch.empty_like(h0)
+
+
+def ssd_scan(
+    xdt: torch.Tensor,
+    log_decay: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    h0: torch.Tensor,
+    chunk: int,
+    max_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """xdt [b, l, H, P], log_decay [b, l, H], B, C [b, l, H, n], h0 [b, H, P, n] -> y, h (see scan.ssd_scan)."""
+    if _FUSED:
+        return _ssd_scan_op(xdt, log_decay, B, C, h0, chunk, max_len)
+    return _ssd_reference(xdt, log_decay, B, C, h0, chunk, max_len)
+
+
 def onnx_translations() -> dict[object, object]:
     """custom_translation_table entries for torch.onnx.export."""
     from onnx.defs import OpSchema
@@ -121,4 +161,24 @@ def onnx_translations() -> dict[object, object]:
         y, state = linear_attention(q, k, xdt, past, g, update_rule="gated", q_num_heads=H, kv_num_heads=H, scale=1.0)
         return y, op.Squeeze(state, [3])
 
-    return {torch.ops.hybridrt.selective_scan.default: selective_scan_onnx}
+    def ssd_scan_onnx(xdt, log_decay, B, C, h0, chunk, max_len):  # type: ignore[no-untyped-def]
+        H = xdt.shape[2]
+        packed = op.Constant(value_ints=[0, 0, -1])
+        past = op.Transpose(h0, perm=[0, 1, 3, 2])  # [b, H, n, P]
+        y, state = linear_attention(
+            op.Reshape(C, packed),
+            op.Reshape(B, packed),
+            op.Reshape(xdt, packed),
+            past,
+            log_decay,
+            update_rule="gated",
+            q_num_heads=H,
+            kv_num_heads=H,
+            scale=1.0,
+        )
+        return op.Reshape(y, op.Shape(xdt)), op.Transpose(state, perm=[0, 1, 3, 2])
+
+    return {
+        torch.ops.hybridrt.selective_scan.default: selective_scan_onnx,
+        torch.ops.hybridrt.ssd_scan.default: ssd_scan_onnx,
+    }

@@ -66,3 +66,69 @@ def linear_scan(
     h = a_in * h_start.unsqueeze(2) + u_in
     h = h.reshape([b, n_chunks * chunk] + state_shape)[:, :l]
     return h, h_end[:, -1]
+
+
+def _segsum(x: torch.Tensor) -> torch.Tensor:
+    """exp of segment sums: x [..., T] -> [..., T, T] with [i, j] = exp(sum_{j<k<=i} x_k) for
+    i >= j, else 0. Built by masked cumulative sums rather than differences of one cumsum,
+    so nothing cancels; every exponent is <= 0 for decays, so nothing overflows."""
+    t = x.shape[-1]
+    idx = torch.arange(t, device=x.device)
+    below = idx.unsqueeze(1) > idx.unsqueeze(0)  # [T, T], i > j
+    xr = torch.where(below, x.unsqueeze(-1), torch.zeros((), dtype=x.dtype))  # [..., T, T], [i, j] = x_i
+    sums = torch.cumsum(xr, dim=-2)
+    return torch.where(below | (idx.unsqueeze(1) == idx.unsqueeze(0)), torch.exp(sums), torch.zeros((), dtype=x.dtype))
+
+
+def ssd_scan(
+    xdt: torch.Tensor,
+    log_decay: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    h0: torch.Tensor,
+    chunk: int,
+    max_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba2's SSD recurrence h_t = exp(g_t) h_{t-1} + x_t B_t^T, y_t = h_t C_t, chunked.
+
+    Glossary: b batch, l length, H heads, P head_dim, n d_state, c chunks, L chunk length.
+    xdt [b, l, H, P] (dt * x), log_decay [b, l, H] (dt * A, scalar per head),
+    B, C [b, l, H, n], h0 [b, H, P, n] -> (y [b, l, H, P], h_last [b, H, P, n]).
+
+    The "minimal SSD" of Dao & Gu 2024 (section 6; transformers' `mamba2_chunk_scan`):
+    inside a chunk a masked [L, L] attention-like product, across chunks `linear_scan` over
+    the chunk states, starting from h0 (`max_len` fixes its depth). Memory is
+    O(b l H (L + P n / L)), never [b, l, H, P, n].
+    """
+    b, l, H, P = xdt.shape
+    if isinstance(l, int) and l == 1 and not torch.jit.is_tracing():
+        # One-token path: the closed-form step.
+        h = torch.exp(log_decay[:, 0]).view(b, H, 1, 1) * h0 + xdt[:, 0].unsqueeze(-1) * B[:, 0].unsqueeze(2)
+        return (h * C[:, 0].unsqueeze(2)).sum(-1).unsqueeze(1), h
+    n_chunks = (l + chunk - 1) // chunk
+    pad = n_chunks * chunk - l
+
+    def chunked(t: torch.Tensor) -> torch.Tensor:  # [b, l, ...] -> [b, c, L, ...], zero tail
+        tail = t.new_zeros([b, pad] + list(t.shape[2:]))
+        return torch.cat([t, tail], dim=1).view([b, n_chunks, chunk] + list(t.shape[2:]))
+
+    x, g, Bc, Cc = chunked(xdt), chunked(log_decay), chunked(B), chunked(C)
+    g = g.permute(0, 3, 1, 2)  # [b, H, c, L]; zero padding = decay 1, no input
+    cs = torch.cumsum(g, dim=-1)
+    # 1. Within chunks: y_i = sum_{j<=i} (C_i . B_j) exp(cs_i - cs_j) x_j
+    decay_in = _segsum(g)  # [b, H, c, L, L]
+    scores = torch.einsum("bclhn,bcshn->bhcls", Cc, Bc) * decay_in
+    y = torch.einsum("bhcls,bcshp->bclhp", scores, x)
+    # 2. Each chunk's end state from a zero start.
+    to_end = torch.exp(cs[..., -1:] - cs).permute(0, 2, 3, 1).unsqueeze(-1)  # [b, c, L, H, 1]
+    states = torch.einsum("bclhn,bclhp->bchpn", Bc * to_end, x)
+    # 3. Across chunks: h_end[k] = exp(total_k) h_end[k-1] + states[k] from h0, by the same
+    # fixed-depth scan as Mamba1 (no [c, c] matrix whose size the trace could specialize).
+    totals = torch.exp(cs[..., -1]).permute(0, 2, 1)[..., None, None].expand_as(states)  # [b, c, H, P, n]
+    ends, last = linear_scan(totals, states, h0, chunk, max(1, -(-max_len // chunk)))
+    starts = torch.cat([h0.unsqueeze(1), ends[:, :-1]], dim=1)  # [b, c, H, P, n]
+    # 4. What each chunk's start state contributes to its outputs. (Two-operand einsums only:
+    # onnxruntime's Einsum mis-broadcasts some three-operand equations.)
+    from_start = torch.exp(cs).permute(0, 2, 3, 1).unsqueeze(-1)  # [b, c, L, H, 1]
+    y = y + torch.einsum("bclhn,bchpn->bclhp", Cc, starts) * from_start
+    return y.reshape(b, n_chunks * chunk, H, P)[:, :l], last

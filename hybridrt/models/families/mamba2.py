@@ -1,0 +1,78 @@
+"""Mamba2 (`Mamba2ForCausalLM`): a stack of Mamba2 mixers with no attention and no
+feed-forward; the helpers here also translate the Mamba2 fields of Bamba and Granite."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..config import HybridConfig
+from ..registry import Family, eos_ids, register, unsupported
+
+# A pure-SSM model has no positions to run out of; this only bounds the runtime's mask buffer.
+SSM_MAX_LENGTH = 65536
+
+
+def as_float(value: Any) -> float:
+    """A float as transformers writes it to JSON: a number, or {"__float__": "Infinity"}."""
+    if isinstance(value, dict) and "__float__" in value:
+        value = value["__float__"]
+    return float(value)
+
+
+def check_time_step_limit(model_type: str, hf: dict[str, Any]) -> None:
+    """transformers clamps dt to `time_step_limit` in its chunked scan only (not in the
+    one-token step); with the default (0, inf) the clamp is a no-op everywhere."""
+    limit = hf.get("time_step_limit", (0.0, math.inf))
+    low, high = (as_float(v) for v in limit)
+    if low > 0.0 or high != math.inf:
+        raise unsupported(model_type, "time_step_limit", list(limit), "(0.0, inf)")
+
+
+def check_silu(model_type: str, hf: dict[str, Any]) -> None:
+    if hf.get("hidden_act", "silu") != "silu":
+        raise unsupported(model_type, "hidden_act", hf["hidden_act"], "silu")
+
+
+def translate(hf: dict[str, Any]) -> HybridConfig:
+    check_silu("mamba2", hf)
+    check_time_step_limit("mamba2", hf)
+    n = hf.get("num_hidden_layers", 64)
+    d = hf.get("hidden_size", 4096)
+    heads, head_dim = hf.get("num_heads", 128), hf.get("head_dim", 64)
+    if d * hf.get("expand", 2) != heads * head_dim:
+        raise unsupported("mamba2", "expand", hf.get("expand", 2), "hidden_size * expand = num_heads * head_dim")
+    return HybridConfig(
+        model_type="mamba2",
+        vocab_size=hf.get("vocab_size", 32768),
+        hidden_size=d,
+        layer_types=("mamba2",) * n,
+        ffn_types=("none",) * n,
+        rms_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        tie_word_embeddings=hf.get("tie_word_embeddings", False),
+        max_position_embeddings=SSM_MAX_LENGTH,
+        mamba_d_state=hf.get("state_size", 128),
+        mamba_d_conv=hf.get("conv_kernel", 4),
+        mamba2_heads=heads,
+        mamba2_head_dim=head_dim,
+        mamba2_groups=hf.get("n_groups", 8),
+        mamba2_conv_bias=hf.get("use_conv_bias", True),
+        mamba2_proj_bias=hf.get("use_bias", False),
+        bos_token_id=hf.get("bos_token_id", 0),
+        eos_token_id=eos_ids(hf.get("eos_token_id", 2)),
+        pad_token_id=hf.get("pad_token_id", 1),
+    )
+
+
+FAMILY = register(
+    Family(
+        model_type="mamba2",
+        translate=translate,
+        renames=(
+            (r"^backbone\.embeddings\.", "model.embed_tokens."),
+            (r"^backbone\.norm_f\.", "model.norm."),
+            (r"^backbone\.layers\.(\d+)\.norm\.", r"model.layers.\1.input_norm."),
+            (r"^backbone\.", "model."),
+        ),
+    )
+)

@@ -1,0 +1,80 @@
+"""Mamba2 mixer: SSD with a scalar decay per head (Dao & Gu 2024), a depthwise causal conv
+over x, B and C side by side, and a gated RMSNorm before the output projection.
+
+Glossary: b batch, l sequence length, d hidden size, H heads, P head_dim, d_inner = H P,
+G groups (B and C are shared by the H / G heads of a group), n d_state, k d_conv,
+conv_dim = d_inner + 2 G n. Mirrors transformers' `Mamba2Mixer.torch_forward`
+(and the same mixer in Bamba and GraniteMoeHybrid).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import HybridConfig
+from .mamba import causal_conv
+from .ops import ssd_scan
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm of y * silu(z) over groups of `group_size` channels (transformers'
+    `MambaRMSNormGated`: the gate multiplies first, then each group is normalized).
+    y, z [b, l, d_inner] -> [b, l, d_inner]."""
+
+    def __init__(self, dim: int, group_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.group_size, self.eps = group_size, eps
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        dtype = y.dtype
+        h = y.float() * F.silu(z.float())
+        shape = h.shape
+        h = h.view(*shape[:-1], shape[-1] // self.group_size, self.group_size)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.view(shape).to(dtype)
+
+
+class Mamba2Mixer(nn.Module):
+    """x [b, l, d], mask [b, l], conv [b, conv_dim, k-1], ssm [b, H, P, n] -> (y [b, l, d], conv', ssm')."""
+
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        d, di, k = cfg.hidden_size, cfg.mamba2_d_inner, cfg.mamba_d_conv
+        self.H, self.P, self.G, self.n = cfg.mamba2_heads, cfg.mamba2_head_dim, cfg.mamba2_groups, cfg.mamba_d_state
+        self.d_inner, self.conv_dim = di, cfg.mamba2_conv_dim
+        self.chunk, self.max_len = cfg.scan_chunk, cfg.max_position_embeddings
+        self.in_proj = nn.Linear(d, di + self.conv_dim + self.H, bias=cfg.mamba2_proj_bias)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, k, groups=self.conv_dim, bias=cfg.mamba2_conv_bias)
+        self.dt_bias = nn.Parameter(torch.zeros(self.H))
+        self.A_log = nn.Parameter(torch.zeros(self.H))
+        self.D = nn.Parameter(torch.ones(self.H))
+        self.norm = GatedRMSNorm(di, di // self.G, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(di, d, bias=cfg.mamba2_proj_bias)
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        """[b, l, G n] -> [b, l, H, n]: each group's B (or C) serves its H / G heads."""
+        b, l = t.shape[0], t.shape[1]
+        t = t.view(b, l, self.G, 1, self.n).expand(b, l, self.G, self.H // self.G, self.n)
+        return t.reshape(b, l, self.H, self.n)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, l = x.shape[0], x.shape[1]
+        m = mask.unsqueeze(-1).to(x.dtype)  # padding positions must leave the state untouched
+        z, xbc, dt = torch.split(self.in_proj(x * m), [self.d_inner, self.conv_dim, self.H], dim=-1)
+        xbc, conv_state = causal_conv(xbc.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias)
+        xbc = F.silu(xbc).transpose(1, 2) * m  # [b, l, conv_dim]
+        xs, B, C = torch.split(xbc, [self.d_inner, self.G * self.n, self.G * self.n], dim=-1)
+        dt = F.softplus(dt + self.dt_bias)  # [b, l, H]
+        A = -torch.exp(self.A_log.float())  # [H]
+        xs = xs.reshape(b, l, self.H, self.P)
+        y, ssm_state = ssd_scan(
+            xs * dt.unsqueeze(-1), dt * A, self._heads(B), self._heads(C), ssm_state, self.chunk, self.max_len
+        )
+        y = y + xs * self.D.unsqueeze(-1)  # [b, l, H, P]
+        y = self.norm(y.reshape(b, l, self.d_inner), z)
+        return self.out_proj(y), conv_state, ssm_state

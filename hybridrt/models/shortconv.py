@@ -1,0 +1,32 @@
+"""LFM2's short-conv mixer: input-gated depthwise causal conv, output-gated.
+
+Glossary: b batch, l sequence length, d hidden size, k conv_kernel.
+Mirrors transformers' `Lfm2ShortConv.slow_forward`: in_proj -> B, C, x; y = C * conv(B * x).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import HybridConfig
+from .mamba import causal_conv
+
+
+class ShortConv(nn.Module):
+    """x [b, l, d], mask [b, l], conv [b, d, k-1] -> (y [b, l, d], conv')."""
+
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        d = cfg.hidden_size
+        self.in_proj = nn.Linear(d, 3 * d, bias=cfg.conv_bias)
+        self.conv = nn.Conv1d(d, d, cfg.conv_kernel, groups=d, bias=cfg.conv_bias)
+        self.out_proj = nn.Linear(d, d, bias=cfg.conv_bias)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor, conv_state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        m = mask.unsqueeze(1).to(x.dtype)  # [b, 1, l]: padding must leave the conv state untouched
+        B, C, xs = self.in_proj(x).transpose(1, 2).chunk(3, dim=1)  # [b, d, l] each
+        y, conv_state = causal_conv(B * xs * m, conv_state, self.conv.weight, self.conv.bias)
+        return self.out_proj((C * y).transpose(1, 2)), conv_state

@@ -1,0 +1,142 @@
+"""Tiny random checkpoints of the families beyond Jamba and Llama (no hub, no network)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from checkpoints import VOCAB, _randomize, make_tokenizer
+
+COMMON = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def _save(model: torch.nn.Module, directory: Path) -> Path:
+    _randomize(model)
+    with torch.no_grad():  # dt biases and decays away from their init, so a wrong mapping shows
+        for name, p in model.named_parameters():
+            if name.endswith(("dt_bias", "A_log")):
+                p.add_(torch.randn_like(p) * 0.3)
+    model.save_pretrained(directory)
+    make_tokenizer(directory)
+    return directory
+
+
+def make_mamba2(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Mamba2: 8 heads of 8 channels in 2 groups, no attention."""
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_heads=8,
+        head_dim=8,
+        expand=2,
+        n_groups=2,
+        state_size=8,
+        conv_kernel=4,
+        chunk_size=32,
+    )
+    kwargs.update(overrides)
+    return _save(Mamba2ForCausalLM(Mamba2Config(**kwargs)), directory)
+
+
+def make_granitemoehybrid(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Granite 4.0 H: Mamba2, attention with RoPE, a 4-expert top-2 MoE beside a shared MLP, and
+    every multiplier away from 1."""
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=24,
+        shared_intermediate_size=40,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        position_embedding_type="rope",
+        embedding_multiplier=1.7,
+        residual_multiplier=0.6,
+        attention_multiplier=0.3,
+        logits_scaling=2.5,
+        mamba_n_heads=8,
+        mamba_d_head=8,
+        mamba_n_groups=2,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_chunk_size=32,
+        max_position_embeddings=512,
+        initializer_range=0.2,  # logits far from zero, so that greedy ties are unlikely
+    )
+    kwargs.update(overrides)
+    return _save(GraniteMoeHybridForCausalLM(GraniteMoeHybridConfig(**kwargs)), directory)
+
+
+def make_bamba(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Bamba: Mamba2 with attention at layers 1 and 3 (RoPE on half of each head)."""
+    from transformers import BambaConfig, BambaForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        attn_layer_indices=[1, 3],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_n_heads=8,
+        mamba_d_head=8,
+        mamba_n_groups=2,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_chunk_size=32,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+    )
+    kwargs.update(overrides)
+    return _save(BambaForCausalLM(BambaConfig(**kwargs)), directory)
+
+
+def make_lfm2(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """LFM2: short-conv layers with attention at layers 1 and 3."""
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=96,
+        block_multiple_of=16,
+        num_hidden_layers=4,
+        layer_types=["conv", "full_attention", "conv", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        conv_L_cache=3,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+    )
+    kwargs.update(overrides)
+    return _save(Lfm2ForCausalLM(Lfm2Config(**kwargs)), directory)
+
+
+def make_mamba(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Mamba1 without attention (the Jamba mixer minus its dt/B/C norms)."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(hidden_size=32, num_hidden_layers=2, state_size=8, conv_kernel=4, expand=2)
+    kwargs.update(overrides)
+    return _save(MambaForCausalLM(MambaConfig(**kwargs)), directory)
+
+
+BUILDERS = {
+    "mamba2": make_mamba2,
+    "granitemoehybrid": make_granitemoehybrid,
+    "bamba": make_bamba,
+    "lfm2": make_lfm2,
+    "mamba": make_mamba,
+}

@@ -1,0 +1,177 @@
+"""Every family beyond Jamba and Llama, end to end: reference vs transformers, chunked
+prefill, ONNX export parity, greedy tokens vs transformers' generate, batching."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from family_checkpoints import BUILDERS
+
+import hybridrt
+from hybridrt.errors import UnsupportedArchitectureError
+from hybridrt.export.trace import position_ids
+from hybridrt.models.checkpoint import load_config, load_model
+from hybridrt.models.state import zero_states
+
+TOL = 1e-4
+FAMILIES = sorted(BUILDERS)
+GREEDY = {"max_new_tokens": 32, "min_new_tokens": 32}
+
+
+@pytest.fixture(scope="session", params=FAMILIES)
+def family(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return {}
+
+
+@pytest.fixture(scope="session")
+def family_onnx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return {}
+
+
+def _ckpt(name: str, cache: dict[str, Path], tmp: pytest.TempPathFactory) -> Path:
+    if name not in cache:
+        cache[name] = BUILDERS[name](tmp.mktemp(name))
+    return cache[name]
+
+
+@pytest.fixture
+def ckpt(family: str, family_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _ckpt(family, family_dirs, tmp_path_factory)
+
+
+@pytest.fixture
+def exported(family: str, ckpt: Path, family_onnx: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if family not in family_onnx:
+        out = tmp_path_factory.mktemp(f"{family}-onnx") / "model"
+        hybridrt.export_model(ckpt, out)
+        family_onnx[family] = out
+    return family_onnx[family]
+
+
+def _forward(model, ids, mask, states):  # type: ignore[no-untyped-def]
+    pos = position_ids(mask, ids.shape[1]) if model.config.rope_theta is not None else None
+    with torch.no_grad():
+        return model(ids, mask, pos, states)
+
+
+def _prompt(length: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed + length).integers(3, 320, length).tolist()
+
+
+@pytest.mark.parametrize("length", [1, 7, 64, 300])
+def test_reference_matches_transformers(ckpt: Path, length: int) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model, _ = load_model(ckpt)
+    hf = AutoModelForCausalLM.from_pretrained(ckpt).eval()
+    ids = torch.randint(3, model.config.vocab_size, (2, length), generator=torch.Generator().manual_seed(length))
+    mask = torch.ones_like(ids)
+    logits, _ = _forward(model, ids, mask, zero_states(model.config, 2))
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask).logits
+    assert (logits - ref).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("split", [1, 17, 40])
+def test_chunked_prefill_equals_one_shot(ckpt: Path, split: int) -> None:
+    """The second chunk starts from the first chunk's states (non-zero initial SSM state)."""
+    model, _ = load_model(ckpt)
+    ids = torch.randint(3, model.config.vocab_size, (2, 70), generator=torch.Generator().manual_seed(2))
+    full, full_states = _forward(model, ids, torch.ones_like(ids), zero_states(model.config, 2))
+    a, states = _forward(model, ids[:, :split], torch.ones(2, split, dtype=torch.long), zero_states(model.config, 2))
+    b, states = _forward(model, ids[:, split:], torch.ones(2, 70, dtype=torch.long), states)
+    assert (torch.cat([a, b], dim=1) - full).abs().max().item() <= TOL
+    for x, y in zip(states, full_states):
+        assert (x - y).abs().max().item() <= TOL
+
+
+def test_export_parity_passes(exported: Path) -> None:
+    parity = json.loads((exported / "hybridrt.json").read_text())["parity"]
+    assert parity["passed"] is True
+    assert [c["seq"] for c in parity["prompt"]] == [1, 7, 64, 300]
+    assert 0 <= parity["max_abs_logits"] <= TOL and 0 <= parity["max_abs_state"] <= TOL
+
+
+@pytest.mark.parametrize("length", [1, 9])
+def test_greedy_matches_transformers(ckpt: Path, exported: Path, length: int) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(ckpt).eval()
+    ids = _prompt(length)
+    t = torch.tensor([ids])
+    with torch.no_grad():
+        ref = hf.generate(t, attention_mask=torch.ones_like(t), do_sample=False, **GREEDY)
+    assert hybridrt.load(exported).generate(ids, do_sample=False, **GREEDY) == ref[0, length:].tolist()
+
+
+def test_batch_of_different_lengths_equals_each_prompt_alone(exported: Path) -> None:
+    model = hybridrt.load(exported)
+    prompts = [_prompt(n) for n in (1, 7, 20)]
+    assert model.generate(prompts, **GREEDY) == [model.generate(p, **GREEDY) for p in prompts]
+
+
+def _with_config(src: Path, dst: Path, **changes: object) -> Path:
+    dst.mkdir()
+    data = json.loads((src / "config.json").read_text()) | changes
+    (dst / "config.json").write_text(json.dumps(data))
+    return dst
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"num_local_experts": 0, "position_embedding_type": None},  # dense, no positions
+        {"embedding_multiplier": 1.0, "residual_multiplier": 1.0, "logits_scaling": 1.0},
+    ],
+    ids=["dense-nope", "unit-multipliers"],
+)
+def test_granite_variants_match_transformers(tmp_path: Path, overrides: dict[str, object]) -> None:
+    from family_checkpoints import make_granitemoehybrid
+    from transformers import AutoModelForCausalLM
+
+    ckpt = make_granitemoehybrid(tmp_path / "g", seed=1, **overrides)
+    model, _ = load_model(ckpt)
+    hf = AutoModelForCausalLM.from_pretrained(ckpt).eval()
+    ids = torch.randint(3, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(4))
+    logits, _ = _forward(model, ids, torch.ones_like(ids), zero_states(model.config, 2))
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    assert (logits - ref).abs().max().item() <= TOL
+
+
+def test_granite_released_layer_spelling(family_dirs: dict[str, Path], tmp_path_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Released Granite 4.0 H files name the kinds "mamba"/"attention" in `layers_block_type`."""
+    src = _ckpt("granitemoehybrid", family_dirs, tmp_path_factory)
+    new, _, hf = load_config(src)
+    spelled = {"linear_attention": "mamba", "full_attention": "attention"}
+    old = _with_config(
+        src, tmp_path / "old", layer_types=None, layers_block_type=[spelled[k] for k in hf["layer_types"]]
+    )
+    assert load_config(old)[0].layer_types == new.layer_types == ("mamba2", "attention", "mamba2", "attention")
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "value"),
+    [
+        ("mamba2", "time_step_limit", [0.001, 0.1]),
+        ("granitemoehybrid", "time_step_limit", [0.0, 0.5]),
+        ("granitemoehybrid", "position_embedding_type", "alibi"),
+        ("lfm2", "layer_types", ["conv", "sliding_attention", "conv", "full_attention"]),
+        ("mamba", "hidden_act", "gelu"),
+    ],
+)
+def test_unsupported_variant_is_refused_by_field(  # type: ignore[no-untyped-def]
+    name: str, field: str, value: object, family_dirs: dict[str, Path], tmp_path_factory, tmp_path: Path
+) -> None:
+    bad = _with_config(_ckpt(name, family_dirs, tmp_path_factory), tmp_path / "bad", **{field: value})
+    with pytest.raises(UnsupportedArchitectureError, match=field):
+        load_config(bad)
