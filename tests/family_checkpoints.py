@@ -133,10 +133,23 @@ def make_mamba(directory: Path, seed: int = 0, **overrides: object) -> Path:
     return _save(MambaForCausalLM(MambaConfig(**kwargs)), directory)
 
 
+def make_falcon_mamba(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Falcon-Mamba: Mamba1 with weightless dt/B/C norms."""
+    from transformers import FalconMambaConfig, FalconMambaForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32, num_hidden_layers=2, state_size=8, conv_kernel=4, expand=2, mixer_rms_eps=1e-5
+    )
+    kwargs.update(overrides)
+    return _save(FalconMambaForCausalLM(FalconMambaConfig(**kwargs)), directory)
+
+
 BUILDERS = {
     "mamba2": make_mamba2,
     "granitemoehybrid": make_granitemoehybrid,
     "bamba": make_bamba,
     "lfm2": make_lfm2,
     "mamba": make_mamba,
+    "falcon_mamba": make_falcon_mamba,
 }

@@ -59,6 +59,8 @@ class HybridConfig:
     mamba_conv_bias: bool = True
     mamba_proj_bias: bool = False
     mamba_inner_norms: bool = False  # Jamba's RMSNorms on dt, B and C
+    mamba_inner_norm_weights: bool = True  # False: Falcon-Mamba's weightless norms
+    mamba_inner_norm_eps: float | None = None  # None: rms_norm_eps
     # Mamba2 (SSD, Dao & Gu 2024); d_state and d_conv are shared with Mamba1 above.
     mamba2_heads: int = 0
     mamba2_head_dim: int = 64

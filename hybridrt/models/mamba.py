@@ -29,6 +29,18 @@ def causal_conv(
     return y, new_state
 
 
+class WeightlessRMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) in float32, no scale (Falcon-Mamba's dt/B/C norms)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
 class MambaMixer(nn.Module):
     """x [b, l, d], mask [b, l], conv [b, d_inner, k-1], ssm [b, d_inner, n] -> (y, conv', ssm')."""
 
@@ -46,9 +58,9 @@ class MambaMixer(nn.Module):
         self.out_proj = nn.Linear(di, d, bias=cfg.mamba_proj_bias)
         self.inner_norms = cfg.mamba_inner_norms
         if self.inner_norms:
-            self.dt_norm = RMSNorm(r, cfg.rms_norm_eps)
-            self.b_norm = RMSNorm(n, cfg.rms_norm_eps)
-            self.c_norm = RMSNorm(n, cfg.rms_norm_eps)
+            eps = cfg.rms_norm_eps if cfg.mamba_inner_norm_eps is None else cfg.mamba_inner_norm_eps
+            norm = RMSNorm if cfg.mamba_inner_norm_weights else WeightlessRMSNorm
+            self.dt_norm, self.b_norm, self.c_norm = norm(r, eps), norm(n, eps), norm(n, eps)
 
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor

@@ -60,7 +60,7 @@ def supported_model_types() -> list[str]:
 
 
 def _load_builtin_families() -> None:
-    from .families import bamba, granitemoehybrid, jamba, lfm2, llama, mamba, mamba2  # noqa: F401  (registration on import)
+    from .families import bamba, falcon_mamba, granitemoehybrid, jamba, lfm2, llama, mamba, mamba2  # noqa: F401  (registration on import)
 
 
 # Helpers shared by translators -------------------------------------------------------
