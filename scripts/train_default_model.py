@@ -512,8 +512,8 @@ is a test and demo model, not a useful code model.
 - Training: `{t["command"]}`, {t["steps"]} steps of {t["batch"]} x {t["seq_len"]} tokens
   ({t["tokens_seen"]:,} tokens seen), AdamW (betas 0.9/0.95, weight decay {t["weight_decay"]}),
   peak lr {t["lr"]}, {t["warmup"]} warmup steps then cosine to {t["min_lr_ratio"]} x peak
-  over the time budget, gradient clipping {t["grad_clip"]}, seed {t["seed"]}, float32 on one CPU
-  thread, {t["train_seconds"] / 60:.1f} minutes ({t["train_tokens_per_second"]:.0f} tokens/s).
+  over the time budget, gradient clipping {t["grad_clip"]}, seed {t["seed"]}, float32 on
+  {t["threads"]} CPU thread(s), {t["train_seconds"] / 60:.1f} minutes ({t["train_tokens_per_second"]:.0f} tokens/s).
 
 ## Results
 
