@@ -17,6 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="export the shipped default model, check parity, stream a completion")
     p.add_argument("--prompt", default=PROMPT, help="prompt to complete")
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--repetition-penalty", type=float, default=1.3, help="a small model loops without one")
     p.add_argument("--rebuild", action="store_true", help="export again even if a cached export exists")
 
 
@@ -49,7 +50,13 @@ def run(args: argparse.Namespace) -> int:
     )
     say("[4/4] completion (greedy):")
     sys.stdout.write(args.prompt)
-    for piece in model.stream(args.prompt, max_new_tokens=args.max_new_tokens, do_sample=False):
+    # The default model saw each training file framed as <s> ... </s>: start like a file.
+    assert model.tokenizer is not None, "the default model ships a tokenizer"
+    ids = model.tokenizer.encode(args.prompt, add_special_tokens=False).ids
+    bos = model.manifest.special_tokens.get("bos_token_id")
+    ids = ([bos] if bos is not None else []) + ids
+    kwargs = {"max_new_tokens": args.max_new_tokens, "repetition_penalty": args.repetition_penalty}
+    for piece in model.stream(ids, do_sample=False, **kwargs):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")

@@ -9,6 +9,7 @@ custom_translation_table is the route to onnxruntime's com.microsoft fused opera
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import warnings
 from pathlib import Path
@@ -26,6 +27,11 @@ IR_VERSION = 10  # onnxruntime 1.2x-1.3x load up to IR 11-13; onnx 1.23 would wr
 EXTERNAL_DATA_THRESHOLD = 1 << 30  # bytes of parameters above which weights go to model.onnx.data
 
 
+def _quiet_exporter_logs() -> None:
+    # torch.onnx logs a warning per missing optional package (torchvision ops) on every export.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+
+
 def export_program(
     module: GraphModule, args: tuple[torch.Tensor, ...], dyn: tuple[object, ...], fused: bool = False
 ) -> torch.export.ExportedProgram:
@@ -33,6 +39,7 @@ def export_program(
     become onnxruntime fused operators (ONNX only)."""
     # backed_size_oblivious: sizes seen as 0 or 1 at run time (empty KV past, one-token
     # decode, batch 1) must not be specialized away from the example sizes.
+    _quiet_exporter_logs()
     oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]
     fused_ctx = fused_ops() if fused else contextlib.nullcontext()
     with warnings.catch_warnings(), oblivious, fused_ctx:
