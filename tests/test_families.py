@@ -175,3 +175,18 @@ def test_unsupported_variant_is_refused_by_field(  # type: ignore[no-untyped-def
     bad = _with_config(_ckpt(name, family_dirs, tmp_path_factory), tmp_path / "bad", **{field: value})
     with pytest.raises(UnsupportedArchitectureError, match=field):
         load_config(bad)
+
+
+def test_plain_ops_mamba2_graph_matches_reference(
+    family_dirs: dict[str, Path], tmp_path_factory, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Regression: traced at one scan chunk, the plain-op SSD graph failed beyond 16 chunks
+    (a size baked in for another that was equal at trace time)."""
+    import onnx
+
+    src = _ckpt("mamba2", family_dirs, tmp_path_factory)
+    manifest = hybridrt.export_model(src, tmp_path / "out", fused_ops=False)
+    graph = onnx.load(str(tmp_path / "out" / "model.onnx"))
+    assert {n.domain for n in graph.graph.node} <= {"", "ai.onnx"}
+    assert manifest.parity["passed"] is True and manifest.parity["max_abs_logits"] <= TOL
+    assert [c["seq"] for c in manifest.parity["prompt"]] == [1, 7, 64, 300]
