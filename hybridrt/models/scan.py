@@ -127,8 +127,7 @@ def ssd_scan(
     totals = torch.exp(cs[..., -1]).permute(0, 2, 1)[..., None, None].expand_as(states)  # [b, c, H, P, n]
     ends, last = linear_scan(totals, states, h0, chunk, max(1, -(-max_len // chunk)))
     starts = torch.cat([h0.unsqueeze(1), ends[:, :-1]], dim=1)  # [b, c, H, P, n]
-    # 4. What each chunk's start state contributes to its outputs. (Two-operand einsums only:
-    # onnxruntime's Einsum mis-broadcasts some three-operand equations.)
+    # 4. What each chunk's start state contributes to its outputs.
     from_start = torch.exp(cs).permute(0, 2, 3, 1).unsqueeze(-1)  # [b, c, L, H, 1]
     y = y + torch.einsum("bclhn,bchpn->bclhp", Cc, starts) * from_start
     return y.reshape(b, n_chunks * chunk, H, P)[:, :l], last
