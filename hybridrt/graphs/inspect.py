@@ -26,7 +26,7 @@ def describe(directory: str | Path, manifest: Manifest | None = None) -> str:
         f"model        {directory}",
         f"architecture {m.architecture} ({m.format}, schema {m.schema_version})",
         f"layers       {len(m.layer_types)}: " + ", ".join(f"{n} {k}" for k, n in kinds.items()),
-        f"layer kinds  {' '.join(k[:4] for k in m.layer_types)}",
+        f"layer kinds  {' '.join(m.layer_types)}",
         f"vocab        {m.vocab_size}   max length {m.max_length}   logits: {m.logits}",
         f"special      {m.special_tokens}",
         "inputs       " + ", ".join(s.name for s in m.inputs if not s.name.startswith("past.")),
