@@ -98,3 +98,13 @@ def test_cli_reports_error_without_traceback(
     assert main(["export", str(jamba_dir), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "already exists" in err and "Traceback" not in err
+
+
+def test_unknown_rope_parameter_is_refused(llama_dir: Path, tmp_path: Path) -> None:
+    """Regression: an unknown rope_parameters key (partial rotary on a Llama) was ignored."""
+    src = _copy(llama_dir, tmp_path / "src")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedArchitectureError, match="partial_rotary_factor"):
+        hybridrt.export_model(src, tmp_path / "out")

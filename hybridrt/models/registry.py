@@ -78,7 +78,9 @@ def eos_ids(value: Any) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, list | tuple) else (int(value),)
 
 
-def rope_settings(model_type: str, hf: dict[str, Any], default_theta: float = 10000.0) -> dict[str, Any]:
+def rope_settings(
+    model_type: str, hf: dict[str, Any], default_theta: float = 10000.0, handled: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """rope_theta, rope_type and scaling from `rope_parameters` (transformers 5) or
     `rope_theta` + `rope_scaling` (transformers 4)."""
     params = hf.get("rope_parameters")
@@ -98,6 +100,17 @@ def rope_settings(model_type: str, hf: dict[str, Any], default_theta: float = 10
     if rope_type not in needed:
         raise unsupported(model_type, f"{field}.rope_type", rope_type, ", ".join(needed))
     scaling = tuple((k, float(params[k])) for k in needed[rope_type] if k in params)
+    # Keys the family reads itself (`handled`) or that change nothing are fine; any other key
+    # would change the positions, so it is refused rather than ignored.
+    extra = [
+        k
+        for k in params
+        if k not in needed[rope_type]
+        and k not in handled
+        and not (k == "partial_rotary_factor" and float(params[k]) == 1.0)
+    ]
+    if extra:
+        raise unsupported(model_type, f"{field}.{extra[0]}", params[extra[0]], "none for this family")
     missing = [k for k in needed[rope_type] if k not in params]
     if missing:
         raise UnsupportedArchitectureError(f"{model_type}: {field} of type {rope_type!r} lacks {missing}")

@@ -17,7 +17,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     d = hf.get("hidden_size", 4096)
     heads = hf.get("num_attention_heads", 32)
     attn = set(hf.get("attn_layer_indices") or ())
-    rope = rope_settings("bamba", hf)
+    rope = rope_settings("bamba", hf, handled=("partial_rotary_factor",))
     partial = (hf.get("rope_parameters") or {}).get("partial_rotary_factor", 0.5)
     return HybridConfig(
         model_type="bamba",
