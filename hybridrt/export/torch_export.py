@@ -22,7 +22,7 @@ def to_torchscript(module: GraphModule, args: tuple[torch.Tensor, ...], path: Pa
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(module, args, check_trace=False, strict=False)
         traced = torch.jit.freeze(traced.eval())
-    torch.jit.save(traced, str(path))
+        torch.jit.save(traced, str(path))
 
 
 def to_pt2(program: torch.export.ExportedProgram, path: Path) -> None:
