@@ -35,6 +35,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     algos = ", ".join(f"{m}: {'|'.join(a)}" for m, a in ALGOS.items())
     p.add_argument("--algo", help=f"weight-only algorithm ({algos}; default rtn)")
     p.add_argument("--block-size", type=int, default=DEFAULTS.block_size, help="weights per scale (weight-only modes)")
+    p.add_argument(
+        "--accuracy-level",
+        type=int,
+        default=DEFAULTS.accuracy_level,
+        help="MatMulNBits compute: 4 = int8 activations (fast CPU kernels), 0 = float (weight-only modes)",
+    )
     p.add_argument("--calib-method", default=DEFAULTS.calib_method, choices=CALIB_METHODS, help="int8-static ranges")
     p.add_argument("--calibration", nargs="+", type=Path, default=[], metavar="PATH", help="text or JSONL files")
     p.add_argument("--samples", type=int, default=DEFAULTS.samples, help="calibration windows")
@@ -75,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         progress=lambda msg: stage(t0, msg),
         algo=args.algo,
         block_size=args.block_size,
+        accuracy_level=args.accuracy_level,
         calib_method=args.calib_method,
         samples=args.samples,
         seq_len=args.seq_len,

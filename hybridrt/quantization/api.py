@@ -170,7 +170,7 @@ def _run(
         if cfg.mode == "int8-dynamic":
             return methods.int8_dynamic(model, work, selection.quantize, external)
         bits, algo = WEIGHT_BITS[cfg.mode], cfg.resolved_algo or "rtn"
-        return methods.weight_only(model, bits, algo, cfg.block_size, selection.quantize, reader)
+        return methods.weight_only(model, bits, algo, cfg.block_size, selection.quantize, reader, cfg.accuracy_level)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

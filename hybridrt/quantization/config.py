@@ -48,6 +48,9 @@ class QuantConfig:
     agreement_prompts: int = 8
     agreement_tokens: int = 64
     prompt_tokens: int = 16
+    # MatMulNBits compute precision: 4 quantizes activations to int8 on the fly (the fast
+    # integer CPU kernels); 0 dequantizes weights to float (slower, slightly more exact).
+    accuracy_level: int = 4
     max_ppl_ratio: float | None = None
     min_greedy_agreement: float | None = None
 
@@ -98,5 +101,7 @@ class QuantConfig:
         for name in ("samples", "seq_len", "eval_tokens", "eval_window", "agreement_prompts", "agreement_tokens"):
             if getattr(self, name) < 1:
                 raise QuantizationError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise QuantizationError(f"accuracy level must be 0-4 (MatMulNBits), got {self.accuracy_level}")
         if self.seq_len < 2 or self.prompt_tokens < 1 or self.decode_steps < 0:
             raise QuantizationError("need seq_len >= 2, prompt_tokens >= 1 and decode_steps >= 0")

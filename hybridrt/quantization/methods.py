@@ -133,9 +133,33 @@ def int8_dynamic(model: Any, work: Path, nodes: list[str], external: bool) -> An
 
 
 def weight_only(
-    model: Any, bits: int, algo: str, block_size: int, nodes: list[str], reader: CalibrationReader | None
+    model: Any,
+    bits: int,
+    algo: str,
+    block_size: int,
+    nodes: list[str],
+    reader: CalibrationReader | None,
+    accuracy_level: int = 4,
 ) -> Any:
     """MatMulNBits with `bits`-bit block-wise weights (rtn, hqq or gptq)."""
+    return _set_accuracy_level(_weight_only(model, bits, algo, block_size, nodes, reader), accuracy_level)
+
+
+def _set_accuracy_level(model: Any, level: int) -> Any:
+    """Every MatMulNBits node computes at `level`, whichever quantizer wrote it."""
+    import onnx
+
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            kept = [a for a in node.attribute if a.name != "accuracy_level"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", level)])
+    return model
+
+
+def _weight_only(
+    model: Any, bits: int, algo: str, block_size: int, nodes: list[str], reader: CalibrationReader | None
+) -> Any:
     _nonempty(nodes)
     with quiet():
         if algo == "gptq":
