@@ -32,7 +32,7 @@ def load(
     allow_fallback: bool = False,
     threads: int | None = None,
     verify: bool = True,
-    io_binding: bool = True,
+    io_binding: bool | None = None,
 ) -> Model:
     """Open an exported directory (or "default") for generation.
 
@@ -41,7 +41,9 @@ def load(
     allow_fallback: run on CPU, with a logged warning, when a named provider is missing.
     threads: intra-op threads of the CPU provider (default: ONNX Runtime's choice).
     verify: check every file's sha256 against the manifest (reads the whole graph once).
-    io_binding: keep states on the device with IO binding (False: plain session.run).
+    io_binding: keep states on the device with IO binding (False: plain session.run). The
+      default binds on accelerators and runs plain on CPU, where host memory is the device and
+      binding measured slower (0.85x decode on llama-125m, scripts/bench_runtime.py).
     """
     import onnxruntime as ort
 
@@ -63,7 +65,8 @@ def load(
     check_graph(session, manifest, directory)
     name = session.get_providers()[0]
     device = device_of(name, session.get_provider_options().get(name, {}))
-    return Model(directory, manifest, session, load_tokenizer(directory), device, io_binding=io_binding)
+    bind = device[0] != "cpu" if io_binding is None else io_binding
+    return Model(directory, manifest, session, load_tokenizer(directory), device, io_binding=bind)
 
 
 def _session(ort: Any, graph: Path, selection: Selection) -> Any:
