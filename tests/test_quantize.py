@@ -77,7 +77,37 @@ def test_mode_loads_generates_and_reports(
     assert abs(report["ppl_ratio"] - 1) < 0.01 and report["mean_kl"] < 1e-3
     assert report["greedy_agreement"] > 0.1
     assert q["size"]["ratio"] < 1
-    assert "/lm_head/MatMul" in q["excluded"]
+    # The embedding and the (untied) LM head are stored block-wise; no float table is left.
+    vocab = q["vocab"]
+    assert vocab["embedding"] == "GatherBlockQuantized" and vocab["lm_head"] == "MatMulNBits"
+    assert vocab["bits"] == 8 and not vocab["tied"]
+    assert vocab["bytes"] < vocab["parent_bytes"] / 3
+    assert {"GatherBlockQuantized", "MatMulNBits"} <= op_types and "Gather" not in _ops_on_weights(graph)
+
+
+def _ops_on_weights(model: onnx.ModelProto) -> set[str]:
+    """Op types of the nodes that read a float initializer of two or more dimensions."""
+    floats = {t.name for t in model.graph.initializer if t.data_type == TensorProto.FLOAT and len(t.dims) >= 2}
+    return {n.op_type for n in model.graph.node if floats & set(n.input)}
+
+
+def test_int8_static_runs_every_quantized_matmul_as_integer(llama_onnx: Path, text_file: Path, tmp_path: Path) -> None:
+    """onnxruntime's CPU fusion turns each DQ(activation), DQ(weight) -> MatMul into
+    MatMulIntegerToFloat, but not where one QuantizeLinear feeds several MatMuls (q/k/v,
+    gate/up): those would dequantize their weights at every call. Each MatMul gets its own
+    pair, so after session optimization no float MatMul reads a dequantized weight."""
+    import onnxruntime as ort
+
+    out = tmp_path / "q"
+    quantize(llama_onnx, out, "int8-static", calibration=[text_file], **SMALL)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(out / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx")).graph
+    ops = [n.op_type for n in optimized.node]
+    quantized = read_manifest(out).quantization["quantized_nodes"]  # type: ignore[index]
+    assert ops.count("MatMulIntegerToFloat") == len(quantized) - 2  # all but the embedding and LM head
+    assert "DequantizeLinear" not in ops
 
 
 def test_llama_int8_static(llama_onnx: Path, text_file: Path, tmp_path: Path) -> None:
@@ -117,11 +147,17 @@ def test_default_exclusions_and_overrides(jamba_onnx: Path) -> None:
     graph = onnx.load(str(jamba_onnx / "model.onnx")).graph
     default = select_nodes(graph, QuantConfig())
     kept = set(default.excluded)
-    assert {"/lm_head/MatMul", "/model/layers.0/mixer/dt_proj/MatMul", "/model/layers.1/ffn/router/MatMul"} <= kept
+    assert {"/model/layers.0/mixer/dt_proj/MatMul", "/model/layers.1/ffn/router/MatMul"} <= kept
     assert "/model/layers.1/mixer/MatMul" in kept  # attention over the KV cache: no constant weight
     assert "/model/layers.0/mixer/in_proj/MatMul" in default.quantize
-    forced = select_nodes(graph, QuantConfig(include=("/lm_head/*",), exclude=("*/in_proj/*",)))
-    assert "/lm_head/MatMul" in forced.quantize and "/model/layers.0/mixer/in_proj/MatMul" in forced.excluded
+    assert default.vocab == ["/model/embed_tokens/Gather", "/lm_head/MatMul"]
+    assert not set(default.vocab) & set(default.quantize)
+    forced = select_nodes(
+        graph, QuantConfig(include=("*/dt_proj/*",), exclude=("*/in_proj/*", "/lm_head/*", "*/embed_tokens/*"))
+    )
+    assert "/model/layers.0/mixer/dt_proj/MatMul" in forced.quantize
+    assert "/model/layers.0/mixer/in_proj/MatMul" in forced.excluded
+    assert forced.vocab == [] and {"/lm_head/MatMul", "/model/embed_tokens/Gather"} <= set(forced.excluded)
     bare = select_nodes(graph, QuantConfig(keep_float_default=False))
     assert "/model/layers.0/mixer/dt_proj/MatMul" in bare.quantize
     assert "/model/layers.1/mixer/MatMul" in bare.excluded  # the state rules hold regardless
@@ -142,7 +178,6 @@ def test_tied_lm_head_gets_a_private_weight() -> None:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 2, 4])],
         [numpy_helper.from_array(emb, "emb")],
     )
-    assert select_nodes(graph, QuantConfig(include=("/lm_head/*",))).quantize == ["/lm_head/MatMul"]
     assert give_private_weights(graph, ["/lm_head/MatMul"]) == ["/lm_head/MatMul"]
     matmul = next(n for n in graph.node if n.op_type == "MatMul")
     weight = next(t for t in graph.initializer if t.name == matmul.input[1])
@@ -216,3 +251,98 @@ def test_external_data_stays_external(jamba_onnx: Path, text_file: Path, tmp_pat
     quantize(parent, out, "int8-static", calibration=[text_file], **SMALL)
     assert (out / "model.onnx.data").is_file() and "model.onnx.data" in read_manifest(out).files
     assert _greedy(out) == _greedy(out)
+
+
+def _tied_graph(vocab: int = 64, hidden: int = 32) -> tuple[onnx.GraphProto, np.ndarray]:
+    table = np.random.default_rng(0).standard_normal((vocab, hidden)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["emb", "input_ids"], ["h"], name="/model/embed_tokens/Gather"),
+            helper.make_node("Transpose", ["emb"], ["embT"], name="/lm_head/Transpose", perm=[1, 0]),
+            helper.make_node("MatMul", ["h", "embT"], ["logits"], name="/lm_head/MatMul"),
+        ],
+        "tied",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", vocab])],
+        [numpy_helper.from_array(table, "emb")],
+    )
+    return graph, table
+
+
+def _run_graph(graph: onnx.GraphProto, ids: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 10
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"input_ids": ids})[0]
+
+
+def _dequantize(packed: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
+    """[vocab, k_blocks, blob] symmetric blocks (zero point 2^(bits-1)) -> [vocab, hidden]."""
+    if bits == 4:
+        values = np.stack([packed & 15, packed >> 4], axis=-1).reshape(*packed.shape[:2], -1)
+    else:
+        values = packed
+    return ((values.astype(np.float32) - 2 ** (bits - 1)) * scales[..., None]).reshape(packed.shape[0], -1)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_tied_embedding_and_lm_head_share_one_quantized_table(bits: int) -> None:
+    from hybridrt.quantization.vocab import find_vocab_nodes, quantize_vocab
+
+    graph, table = _tied_graph()
+    ids = np.array([[0, 5, 63], [7, 7, 1]], dtype=np.int64)
+    nodes = find_vocab_nodes(graph)
+    assert nodes.tied and nodes.gather == "/model/embed_tokens/Gather" and nodes.head == "/lm_head/MatMul"
+    record = quantize_vocab(graph, nodes, set(nodes.names), bits, 32, accuracy_level=0)
+    assert record["shared"] and record["embedding"] == "GatherBlockQuantized" and record["lm_head"] == "MatMulNBits"
+    gbq = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
+    head = next(n for n in graph.node if n.op_type == "MatMulNBits")
+    assert gbq.input[0] == head.input[1]  # one tensor for both
+    assert not any(t.data_type == TensorProto.FLOAT and t.name == "emb" for t in graph.initializer)
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    dequantized = _dequantize(inits[head.input[1]], inits[head.input[2]], bits)
+    assert record["bytes"] < record["parent_bytes"] / (3 if bits == 8 else 5)
+    # The graph computes exactly with the dequantized table, and that table is the float one
+    # up to one step per block (scale = the block's largest |w| / 2^(bits-1); the largest
+    # value of the other sign may clip by one step, every other value rounds to half a step).
+    expected = np.einsum("bsh,vh->bsv", dequantized[ids], dequantized)
+    np.testing.assert_allclose(_run_graph(graph, ids), expected, rtol=1e-4, atol=1e-4)
+    step = np.abs(table).reshape(64, -1, 32).max(-1, keepdims=True) / 2 ** (bits - 1)
+    error = np.abs(dequantized - table).reshape(64, -1, 32)
+    assert np.all(error <= step * 1.0001) and np.mean(error <= step / 2 + 1e-6) > 0.99
+
+
+def test_lm_head_alone_keeps_the_float_embedding() -> None:
+    from hybridrt.quantization.vocab import find_vocab_nodes, quantize_vocab
+
+    graph, table = _tied_graph()
+    ids = np.array([[3, 4]], dtype=np.int64)
+    float_logits = _run_graph(graph, ids)
+    nodes = find_vocab_nodes(graph)
+    record = quantize_vocab(graph, nodes, {"/lm_head/MatMul"}, 8, 32, accuracy_level=0)
+    assert record["embedding"] is None and record["lm_head"] == "MatMulNBits" and not record["shared"]
+    assert [n.op_type for n in graph.node] == ["Gather", "MatMulNBits"]
+    assert record["bytes"] > table.nbytes  # the float table stays for the Gather
+    # 8-bit blocks: each logit within 1% of the largest one (measured: 0.3%).
+    assert np.abs(_run_graph(graph, ids) - float_logits).max() <= 0.01 * np.abs(float_logits).max()
+
+
+def test_tied_model_end_to_end(text_file: Path, tmp_path: Path) -> None:
+    """A tied checkpoint exported and quantized: one 4-bit table, a fifth of the float bytes."""
+    from checkpoints import make_llama
+
+    from hybridrt.export import export
+
+    src = make_llama(tmp_path / "ckpt", tie_word_embeddings=True)
+    export(src, tmp_path / "onnx")
+    out = tmp_path / "q"
+    quantize(tmp_path / "onnx", out, "int4", calibration=[text_file], vocab_bits=4, **SMALL)
+    q = read_manifest(out).quantization
+    assert q is not None and q["vocab"]["tied"] and q["vocab"]["shared"]
+    assert q["vocab"]["bytes"] < q["vocab"]["parent_bytes"] / 5
+    assert _greedy(out) == _greedy(out)
+    assert abs(q["report"]["ppl_ratio"] - 1) < 0.02

@@ -41,6 +41,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=DEFAULTS.accuracy_level,
         help="MatMulNBits compute: 4 = int8 activations (fast CPU kernels), 0 = float (weight-only modes)",
     )
+    p.add_argument(
+        "--vocab-bits",
+        type=int,
+        default=DEFAULTS.vocab_bits,
+        choices=(4, 8),
+        help="bits of the embedding table and LM head, stored block-wise and once when tied (default 8)",
+    )
     p.add_argument("--calib-method", default=DEFAULTS.calib_method, choices=CALIB_METHODS, help="int8-static ranges")
     p.add_argument("--calibration", nargs="+", type=Path, default=[], metavar="PATH", help="text or JSONL files")
     p.add_argument("--samples", type=int, default=DEFAULTS.samples, help="calibration windows")
@@ -53,7 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=_bool,
         default=DEFAULTS.keep_float_default,
         metavar="BOOL",
-        help="apply the default keep-float list (SSM scan, dt, norms, conv, router, lm_head); false drops it",
+        help="apply the default keep-float list (SSM scan, dt, norms, conv, router); false drops it",
     )
     p.add_argument("--eval-text", type=Path, help="held-out text for the report (default: calibration text left over)")
     p.add_argument("--eval-tokens", type=int, default=DEFAULTS.eval_tokens, help="held-out tokens the report scores")
@@ -82,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         algo=args.algo,
         block_size=args.block_size,
         accuracy_level=args.accuracy_level,
+        vocab_bits=args.vocab_bits,
         calib_method=args.calib_method,
         samples=args.samples,
         seq_len=args.seq_len,
@@ -102,8 +110,16 @@ def run(args: argparse.Namespace) -> int:
     algo = f" {q['algo']}" if q["algo"] else ""
     print(
         f"{args.output}: {q['mode']}{algo}, {len(q['quantized_nodes'])} nodes quantized, {len(q['excluded'])} kept "
-        f"float | {size['bytes'] / 1e6:.2f} MB ({size['ratio']:.2f} of the float graph)"
+        f"float | {size['bytes'] / 1e6:.2f} MB ({size['ratio']:.3f} of the float graph)"
     )
+    v = q.get("vocab") or {}
+    if v.get("embedding") or v.get("lm_head"):
+        parts = " + ".join(x for x in (v["embedding"], v["lm_head"]) if x)
+        print(
+            f"embedding/LM head: {parts}, {v['bits']}-bit blocks of {v['block_size']}"
+            f"{', one shared table' if v['shared'] else ''} | {v['bytes'] / 1e6:.2f} MB "
+            f"(float {v['parent_bytes'] / 1e6:.2f} MB); other weights {(size['bytes'] - v['bytes']) / 1e6:.2f} MB"
+        )
     print(
         f"vs float on {r['tokens']} held-out tokens: NLL {r['nll_quantized']:.4f} (Δ {r['nll_delta']:+.4f}) | "
         f"perplexity ratio {r['ppl_ratio']:.4f} | mean KL {r['mean_kl']:.2e} | greedy agreement "

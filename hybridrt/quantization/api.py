@@ -24,6 +24,7 @@ from .calibration import CalibrationReader, calibration_feeds, head, read_texts,
 from .config import WEIGHT_BITS, QuantConfig, QuantizationError
 from .report import finite, quality_report
 from .selection import Selection, give_private_weights, select_nodes
+from .vocab import INT8_VOCAB_BLOCK, quantize_vocab
 
 IR_VERSION = 10  # onnx 1.23 writes IR 14 by default; onnxruntime loads up to 11-13
 
@@ -74,12 +75,16 @@ def quantize(
     try:
         label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
         say(f"quantizing {len(selection.quantize)} nodes ({label})")
-        _save(_run(model, cfg, selection, reader, tmp, external), tmp / parent_manifest.graph_file, external)
+        quantized = _run(model, cfg, selection, reader, tmp, external)
+        vocab = _quantize_vocab(quantized.graph, cfg, selection)
+        _save(quantized, tmp / parent_manifest.graph_file, external)
         for name in TOKENIZER_FILES:
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
         evaluation = {"source": str(eval_text or "held-out calibration text"), "chars": len(held_out)}
         manifest = _manifest(parent_manifest, src, cfg, selection, reader, evaluation)
+        assert manifest.quantization is not None
+        manifest.quantization["vocab"] = vocab
         manifest.record_files(tmp)
         manifest.write(tmp)
         say("measuring quality against the float model")
@@ -161,6 +166,10 @@ def _run(
 ) -> Any:
     from . import methods
 
+    if not selection.quantize:
+        if not selection.vocab:
+            raise QuantizationError("no node is left to quantize after the exclusions; check --exclude/--include")
+        return model  # only the embedding / LM head: vocab.py does it all
     work = tmp / ".work"
     work.mkdir()
     try:
@@ -173,6 +182,14 @@ def _run(
         return methods.weight_only(model, bits, algo, cfg.block_size, selection.quantize, reader, cfg.accuracy_level)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _quantize_vocab(graph: Any, cfg: QuantConfig, selection: Selection) -> dict[str, Any]:
+    """The embedding and LM head, block-wise at the mode's weight bits (see vocab.py)."""
+    assert selection.vocab_nodes is not None
+    bits = cfg.vocab_bits
+    block = cfg.block_size if bits == 4 else INT8_VOCAB_BLOCK
+    return quantize_vocab(graph, selection.vocab_nodes, set(selection.vocab), bits, block, cfg.accuracy_level)
 
 
 def _save(model: Any, path: Path, external: bool) -> None:
@@ -207,7 +224,7 @@ def _manifest(
         "block_size": cfg.block_size if cfg.weight_only else None,
         "calib_method": cfg.calib_method if cfg.mode == "int8-static" else None,
         "weight_bits": WEIGHT_BITS[cfg.mode],
-        "quantized_nodes": selection.quantize,
+        "quantized_nodes": selection.quantize + selection.vocab,
         "excluded": selection.excluded,
         "keep_float_patterns": selection.patterns,
         "include_patterns": list(cfg.include),

@@ -88,7 +88,53 @@ def int8_static(
         )
     quantized = onnx.load(str(out))
     restore_float_inputs(quantized.graph, set(nodes))
+    split_shared_quantizers(quantized.graph)
     return quantized
+
+
+def split_shared_quantizers(graph: Any) -> None:
+    """One QuantizeLinear -> DequantizeLinear pair per MatMul that reads a quantized activation.
+
+    quantize_static quantizes a tensor once for all its readers: q, k and v share the
+    normed input, as do gate and up. onnxruntime's CPU fusion (DQ, DQ -> MatMul into
+    MatMulIntegerToFloat) skips a MatMul whose activation comes from a QuantizeLinear that
+    feeds other nodes too, and common-subexpression elimination merges identical pairs back,
+    so such MatMuls ran as float MatMuls on weights dequantized at every call (jamba-125m
+    decoded at 5.2 tokens/s). Each extra reader gets its own pair with its own copy of the
+    scale and zero point: the values (and the numbers) are unchanged, the pairs stay distinct."""
+    import copy
+
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    inits = {t.name: t for t in graph.initializer}
+    for q in [n for n in graph.node if n.op_type == "QuantizeLinear"]:
+        if not all(name in inits for name in q.input[1:]):
+            continue
+        pairs = [
+            (dq, r)
+            for dq in readers.get(q.output[0], [])
+            if dq.op_type == "DequantizeLinear" and list(dq.input[1:]) == list(q.input[1:])
+            for r in readers.get(dq.output[0], [])
+        ]
+        for k, (dq, reader) in enumerate(pairs[1:], 1):
+            params = []
+            for name in q.input[1:]:
+                copied = copy.deepcopy(inits[name])
+                copied.name = f"{name}/{k}"
+                graph.initializer.append(copied)
+                params.append(copied.name)
+            q2 = copy.deepcopy(q)
+            q2.name, q2.input[1:], q2.output[0] = f"{q.name}/{k}", params, f"{q.output[0]}/{k}"
+            dq2 = copy.deepcopy(dq)
+            dq2.name, dq2.input[:], dq2.output[0] = f"{dq.name}/{k}", [q2.output[0], *params], f"{dq.output[0]}/{k}"
+            for i, name in enumerate(reader.input):
+                if name == dq.output[0]:
+                    reader.input[i] = dq2.output[0]
+            at = list(graph.node).index(reader)
+            graph.node.insert(at, dq2)
+            graph.node.insert(at, q2)
 
 
 def restore_float_inputs(graph: Any, quantized: set[str]) -> None:

@@ -1,9 +1,11 @@
 """Which nodes get quantized weights, and why every other candidate stays float.
 
-Every mode quantizes MatMul nodes with a constant weight (the linear layers); all other
-operators stay float because no mode lists them. Node names are hierarchical
-(/model/layers.{i}/{mixer,ffn,input_norm,ffn_norm}/..., /model/norm/..., /lm_head/MatMul),
-so the exclusions are fnmatch patterns over them.
+Every mode quantizes MatMul nodes with a constant weight (the linear layers) and the
+vocabulary matrices: the embedding Gather (/model/embed_tokens/Gather) and the LM head
+(/lm_head/MatMul), which vocab.py stores block-wise in every mode (one tensor when they are
+tied). All other operators stay float because no mode lists them. Node names are
+hierarchical (/model/layers.{i}/{mixer,ffn,input_norm,ffn_norm}/..., /model/norm/...), so
+the exclusions are fnmatch patterns over them.
 
 Two rules always hold (no option overrides them):
 - state tensors are never quantized: a node that reads a past.* input or writes a
@@ -19,11 +21,12 @@ PATTERN quantizes matching nodes anyway, --exclude PATTERN keeps more float).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
 from .config import QuantConfig
+from .vocab import VocabNodes, find_vocab_nodes
 
 QUANTIZED_OP_TYPES = ("MatMul",)
 
@@ -42,17 +45,21 @@ DEFAULT_KEEP_FLOAT: tuple[KeepFloat, ...] = (
     KeepFloat("*norm*", "RMSNorm (Pow/ReduceMean/Sqrt) and the dt/B/C norms: reductions that scale every channel"),
     KeepFloat("*/mixer/Conv*", "the causal conv runs over [conv state, x]: the conv state path"),
     KeepFloat("*/ffn/router/*", "the MoE router: a flipped top-k sends tokens to other experts; it is tiny"),
-    KeepFloat("/lm_head/*", "the logits: every next-token distribution passes through it"),
 )
 
 
 @dataclass
 class Selection:
-    """Node names to quantize, and every candidate kept float with the reason."""
+    """Node names to quantize, and every candidate kept float with the reason.
+
+    `quantize` goes to the mode's quantizer (linear layers); `vocab` lists the chosen
+    vocabulary nodes (embedding Gather, LM head), which vocab.py quantizes in every mode."""
 
     quantize: list[str]
     excluded: dict[str, str]
     patterns: list[str]
+    vocab: list[str] = field(default_factory=list)
+    vocab_nodes: VocabNodes | None = None
 
 
 def select_nodes(graph: Any, cfg: QuantConfig) -> Selection:
@@ -60,24 +67,27 @@ def select_nodes(graph: Any, cfg: QuantConfig) -> Selection:
     defaults = [(k.pattern, k.why) for k in DEFAULT_KEEP_FLOAT] if cfg.keep_float_default else []
     patterns = defaults + [(p, "--exclude") for p in cfg.exclude]
     weights = constant_weights(graph)
-    quantize: list[str] = []
+    vocab_nodes = find_vocab_nodes(graph)
+    chosen: list[str] = []
     excluded: dict[str, str] = {}
     for node in graph.node:
-        if node.op_type not in QUANTIZED_OP_TYPES:
+        if node.op_type not in QUANTIZED_OP_TYPES and node.name != vocab_nodes.gather:
             continue
         if any(n.startswith("past.") for n in node.input) or any(n.startswith("present.") for n in node.output):
             excluded[node.name] = "reads or writes a state tensor"
-        elif node.name not in weights:
+        elif node.name not in weights and node.name != vocab_nodes.gather:
             excluded[node.name] = "no constant weight (activation x activation, e.g. attention over the KV cache)"
         elif any(fnmatchcase(node.name, p) for p in cfg.include):
-            quantize.append(node.name)
+            chosen.append(node.name)
         else:
             why = next((f"{p}: {w}" for p, w in patterns if fnmatchcase(node.name, p)), None)
             if why is None:
-                quantize.append(node.name)
+                chosen.append(node.name)
             else:
                 excluded[node.name] = why
-    return Selection(quantize, excluded, [p for p, _ in patterns])
+    vocab = [n for n in chosen if n in vocab_nodes.names]
+    quantize = [n for n in chosen if n not in vocab_nodes.names]
+    return Selection(quantize, excluded, [p for p, _ in patterns], vocab, vocab_nodes)
 
 
 def constant_weights(graph: Any) -> dict[str, tuple[str, bool]]:
