@@ -194,6 +194,10 @@ def test_cli_quantize_then_generate(
     record = json.loads(capsys.readouterr().out)
     assert record["mode"] == "int8-dynamic" and record["eval_text"]["source"] == str(text_file)
     assert main(["generate", str(out), "def", "--max-new-tokens", "4", "--no-stream"]) == 0
+    assert main(["inspect", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "quantization int8-dynamic," in shown and "perplexity ratio" in shown
+    assert "vocabulary GatherBlockQuantized + MatMulNBits, 8-bit blocks of 32" in shown
     assert main([*args]) == 2  # exists, no --force
     assert "already exists" in capsys.readouterr().err
 
@@ -346,3 +350,22 @@ def test_tied_model_end_to_end(text_file: Path, tmp_path: Path) -> None:
     assert q["vocab"]["bytes"] < q["vocab"]["parent_bytes"] / 5
     assert _greedy(out) == _greedy(out)
     assert abs(q["report"]["ppl_ratio"] - 1) < 0.02
+
+
+def test_bench_compares_float_and_quantized(
+    jamba_onnx: Path, text_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "q"
+    quantize(jamba_onnx, out, "int4", eval_text=text_file, agreement_prompts=1, eval_tokens=64)
+    args = ["bench", str(jamba_onnx), str(out), "--prompt-tokens", "9", "--new-tokens", "5", "--repeats", "2"]
+    assert main([*args, "--batch", "2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["quantization"] for r in rows] == ["float", "int4 rtn"]
+    assert rows[0]["greedy_same_as_first"] and rows[1]["graph_bytes"] < rows[0]["graph_bytes"]
+    assert all(r["prefill_ms"] > 0 and r["decode_tokens_per_s"] > 0 for r in rows)
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "batch 1, 9-token prompt, 5 new tokens" in lines[0] and len(lines) == 4
+    assert lines[2].split()[1:4] == ["float", f"{rows[0]['graph_bytes'] / 1e6:.1f}", "1.00x"]
+    assert main([*args, "--repeats", "0"]) == 2
+    assert "--repeats must be >= 1" in capsys.readouterr().err

@@ -17,6 +17,7 @@ assert isinstance(model.generate(["def", "class Stack"], max_new_tokens=4)[1], s
 assert "".join(model.stream("def", max_new_tokens=4)) == model.generate("def", max_new_tokens=4)
 from hybridrt.cli import main
 assert main(["generate", sys.argv[1], "def", "--max-new-tokens", "3"]) == 0
+assert main(["bench", sys.argv[1], "--prompt-tokens", "4", "--new-tokens", "3", "--repeats", "1"]) == 0
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers", "onnx", "onnxscript"))
 assert loaded == ["torch"] and sys.modules["torch"] is None, loaded
 print("ok")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from .contract import state_bytes_per_sequence
 from .manifest import Manifest, read_manifest
@@ -54,7 +55,7 @@ def describe(directory: str | Path, manifest: Manifest | None = None) -> str:
     if "source" in prov:
         lines.append(f"source       {prov['source']}")
     if m.quantization:
-        lines.append(f"quantization {m.quantization.get('mode')}")
+        lines.extend(_quantization_lines(m.quantization))
     if m.parity:
         p = m.parity
         lines.append(
@@ -63,3 +64,24 @@ def describe(directory: str | Path, manifest: Manifest | None = None) -> str:
             f"{p['decode'].get('steps', 0)} decode steps)"
         )
     return "\n".join(lines)
+
+
+def _quantization_lines(q: dict[str, Any]) -> list[str]:
+    """Mode, what was quantized and how much smaller, and the quality report's figures."""
+    label = " ".join(str(x) for x in (q.get("mode"), q.get("algo")) if x)
+    lines = [
+        f"quantization {label}, {len(q.get('quantized_nodes', []))} nodes, {len(q.get('excluded', {}))} kept float"
+    ]
+    vocab, size, report = q.get("vocab") or {}, q.get("size") or {}, q.get("report") or {}
+    if vocab.get("embedding") or vocab.get("lm_head"):
+        parts = " + ".join(x for x in (vocab.get("embedding"), vocab.get("lm_head")) if x)
+        shared = ", one shared table" if vocab.get("shared") else ""
+        lines.append(f"  vocabulary {parts}, {vocab.get('bits')}-bit blocks of {vocab.get('block_size')}{shared}")
+    if size:
+        lines.append(f"  size       {size['bytes'] / 2**20:.1f} MiB, {size['ratio']:.3f} of the float graph")
+    if report:
+        lines.append(
+            f"  report     perplexity ratio {report['ppl_ratio']:.4f}, mean KL {report['mean_kl']:.2e}, "
+            f"greedy agreement {report['greedy_agreement']:.3f} ({report['tokens']} held-out tokens)"
+        )
+    return lines

@@ -1,0 +1,108 @@
+"""`hybridrt bench MODEL [MODEL ...]`: prompt time and decode speed of one or more exported
+directories on the same workload, in one run, with ratios to the first (the float parent
+beside its quantized children, say). Runtime only: no torch.
+
+Workload: batch `--batch` (default 1), a `--prompt-tokens` prompt of random ids (default
+128), `--new-tokens` greedy tokens (default 128, never stopped early). Each model loads,
+warms up, then the models take turns `--repeats` times, so drift in machine load hits them
+alike; the medians are reported. Sizes are the graph files' bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="prompt time and decode tokens/s of exported models, side by side (torch-free)")
+    p.add_argument("models", nargs="+", help="exported directories (or 'default'); ratios are to the first")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, help="CPU intra-op threads")
+    p.add_argument("--provider", default="auto", help="auto, cpu, cuda, acl, xnnpack, or a full provider name")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt ids")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import GenerationError
+    from .common import model_dir
+
+    for name in ("prompt_tokens", "new_tokens", "batch", "repeats"):
+        if getattr(args, name) < 1:
+            raise GenerationError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    results = bench([model_dir(m) for m in args.models], args)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(table(results, args))
+    return 0
+
+
+def bench(directories: list[Path], args: argparse.Namespace) -> list[dict[str, Any]]:
+    import numpy as np
+
+    from ..runtime import load
+
+    models = [load(d, args.provider, threads=args.threads) for d in directories]
+    vocab = min(m.manifest.vocab_size for m in models)
+    specials = {
+        t
+        for m in models
+        for v in m.manifest.special_tokens.values()
+        for t in (v if isinstance(v, list) else [v])
+        if isinstance(t, int)
+    }
+    low = max([*specials, 2]) + 1  # ids above the special tokens: no EOS or BOS in the prompt
+    rows = np.random.default_rng(args.seed).integers(low, vocab, (args.batch, args.prompt_tokens)).tolist()
+    settings = {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens, "do_sample": False}
+    for model in models:
+        model.generate(rows, **settings | {"max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
+    runs: list[list[tuple[float, float]]] = [[] for _ in models]
+    tokens: list[Any] = [None] * len(models)
+    for _ in range(args.repeats):
+        for i, model in enumerate(models):
+            tokens[i] = model.generate(rows, **settings)
+            stats = model.last_stats
+            assert stats is not None
+            runs[i].append((stats.prefill_ms, stats.decode_tokens_per_s))  # all rows together
+    results = []
+    for directory, model, r, out in zip(directories, models, runs, tokens):
+        files = [directory / f for f in model.manifest.files if f.startswith(model.manifest.graph_file)]
+        q = model.manifest.quantization or {}
+        results.append(
+            {
+                "model": str(directory),
+                "quantization": q.get("mode", "float") + (f" {q['algo']}" if q.get("algo") else ""),
+                "graph_bytes": sum(f.stat().st_size for f in files if f.is_file()),
+                "providers": model.providers,
+                "prefill_ms": statistics.median(x[0] for x in r),
+                "decode_tokens_per_s": statistics.median(x[1] for x in r),
+                "greedy_same_as_first": out == tokens[0],
+            }
+        )
+    return results
+
+
+def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    first = results[0]
+    lines = [
+        f"workload: batch {args.batch}, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens, greedy; "
+        f"threads {args.threads or 'default'}; {', '.join(first['providers'])}; median of {args.repeats}",
+        f"{'model':<40}{'quantization':<16}{'MB':>9}{'size':>7}{'prefill ms':>12}{'decode tok/s':>14}{'speed':>8}",
+    ]
+    for r in results:
+        size = r["graph_bytes"] / first["graph_bytes"]
+        speed = r["decode_tokens_per_s"] / first["decode_tokens_per_s"]
+        name = r["model"] if len(r["model"]) <= 38 else "..." + r["model"][-35:]
+        lines.append(
+            f"{name:<40}{r['quantization']:<16}{r['graph_bytes'] / 1e6:>9.1f}{size:>6.2f}x"
+            f"{r['prefill_ms']:>12.1f}{r['decode_tokens_per_s']:>14.1f}{speed:>7.2f}x"
+        )
+    return "\n".join(lines)
