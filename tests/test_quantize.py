@@ -98,16 +98,22 @@ def test_int8_static_runs_every_quantized_matmul_as_integer(llama_onnx: Path, te
     pair, so after session optimization no float MatMul reads a dequantized weight."""
     import onnxruntime as ort
 
-    out = tmp_path / "q"
-    quantize(llama_onnx, out, "int8-static", calibration=[text_file], **SMALL)
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(str(out / "model.onnx"), options, providers=["CPUExecutionProvider"])
-    optimized = onnx.load(str(tmp_path / "optimized.onnx")).graph
-    ops = [n.op_type for n in optimized.node]
-    quantized = read_manifest(out).quantization["quantized_nodes"]  # type: ignore[index]
-    assert ops.count("MatMulIntegerToFloat") == len(quantized) - 2  # all but the embedding and LM head
-    assert "DequantizeLinear" not in ops
+    for floats in ((), None):  # every MatMul static; the default float-activation list
+        out = tmp_path / f"q{floats}"
+        quantize(llama_onnx, out, "int8-static", calibration=[text_file], float_activations=floats, **SMALL)
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+        ort.InferenceSession(str(out / "model.onnx"), options, providers=["CPUExecutionProvider"])
+        ops = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+        q = read_manifest(out).quantization
+        assert q is not None
+        weight_only = q["float_activations"]
+        assert set(weight_only) == (
+            set() if floats == () else {f"/model/layers.{i}/ffn/down_proj/MatMul" for i in (0, 1)}
+        )
+        # All but the embedding, the LM head and the float-activation MatMuls run as integer.
+        assert ops.count("MatMulIntegerToFloat") == len(q["quantized_nodes"]) - 2 - len(weight_only)
+        assert ops.count("MatMulNBits") == 1 + len(weight_only) and "DequantizeLinear" not in ops
 
 
 def test_llama_int8_static(llama_onnx: Path, text_file: Path, tmp_path: Path) -> None:
@@ -158,6 +164,14 @@ def test_default_exclusions_and_overrides(jamba_onnx: Path) -> None:
     assert "/model/layers.0/mixer/dt_proj/MatMul" in forced.quantize
     assert "/model/layers.0/mixer/in_proj/MatMul" in forced.excluded
     assert forced.vocab == [] and {"/lm_head/MatMul", "/model/embed_tokens/Gather"} <= set(forced.excluded)
+    # int8-static keeps the inputs of out_proj and down_proj float (their weights still int8).
+    static = select_nodes(graph, QuantConfig(mode="int8-static"))
+    assert "/model/layers.0/mixer/out_proj/MatMul" in static.float_activations
+    assert "/model/layers.0/mixer/out_proj/MatMul" not in static.static
+    assert "/model/layers.0/mixer/in_proj/MatMul" in static.static
+    assert select_nodes(graph, QuantConfig(mode="int4")).float_activations == {}  # weight-only anyway
+    only = select_nodes(graph, QuantConfig(mode="int8-static", float_activations=("*/in_proj/*",)))
+    assert set(only.float_activations) == {n for n in only.quantize if "/in_proj/" in n}
     bare = select_nodes(graph, QuantConfig(keep_float_default=False))
     assert "/model/layers.0/mixer/dt_proj/MatMul" in bare.quantize
     assert "/model/layers.1/mixer/MatMul" in bare.excluded  # the state rules hold regardless

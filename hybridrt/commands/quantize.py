@@ -56,6 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--exclude", action="append", default=[], metavar="PATTERN", help="keep matching nodes float")
     p.add_argument("--include", action="append", default=[], metavar="PATTERN", help="quantize matching nodes")
     p.add_argument(
+        "--float-activations",
+        action="append",
+        metavar="PATTERN",
+        help="int8-static: matching MatMuls keep a float input and get 8-bit block-wise weights "
+        "(repeatable; replaces the default list: */mixer/out_proj/*, */ffn/down_proj/*; 'none' for no such node)",
+    )
+    p.add_argument(
         "--keep-float-default",
         type=_bool,
         default=DEFAULTS.keep_float_default,
@@ -96,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
         decode_steps=args.decode_steps,
         exclude=args.exclude,
         include=args.include,
+        float_activations=None
+        if args.float_activations is None
+        else [p for p in args.float_activations if p.lower() != "none"],
         keep_float_default=args.keep_float_default,
         eval_tokens=args.eval_tokens,
         agreement_prompts=args.agreement_prompts,
@@ -108,9 +118,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     r, size = q["report"], q["size"]
     algo = f" {q['algo']}" if q["algo"] else ""
+    floats = q.get("float_activations") or {}
+    mixed = f" ({len(floats)} of them with float activations)" if floats else ""
     print(
-        f"{args.output}: {q['mode']}{algo}, {len(q['quantized_nodes'])} nodes quantized, {len(q['excluded'])} kept "
-        f"float | {size['bytes'] / 1e6:.2f} MB ({size['ratio']:.3f} of the float graph)"
+        f"{args.output}: {q['mode']}{algo}, {len(q['quantized_nodes'])} nodes quantized{mixed}, "
+        f"{len(q['excluded'])} kept float | {size['bytes'] / 1e6:.2f} MB ({size['ratio']:.3f} of the float graph)"
     )
     v = q.get("vocab") or {}
     if v.get("embedding") or v.get("lm_head"):

@@ -24,7 +24,7 @@ from .calibration import CalibrationReader, calibration_feeds, head, read_texts,
 from .config import WEIGHT_BITS, QuantConfig, QuantizationError
 from .report import finite, quality_report
 from .selection import Selection, give_private_weights, select_nodes
-from .vocab import INT8_VOCAB_BLOCK, quantize_vocab
+from .vocab import INT8_BLOCK, quantize_vocab
 
 IR_VERSION = 10  # onnx 1.23 writes IR 14 by default; onnxruntime loads up to 11-13
 
@@ -175,7 +175,12 @@ def _run(
     try:
         if cfg.mode == "int8-static":
             assert reader is not None
-            return methods.int8_static(model, work, selection.quantize, reader, cfg.calib_method, external)
+            if selection.static:
+                model = methods.int8_static(model, work, selection.static, reader, cfg.calib_method, external)
+            if selection.float_activations:  # int8 weights, float activations (selection.py)
+                nodes = list(selection.float_activations)
+                model = methods.weight_only(model, 8, "rtn", INT8_BLOCK, nodes, None, cfg.accuracy_level)
+            return model
         if cfg.mode == "int8-dynamic":
             return methods.int8_dynamic(model, work, selection.quantize, external)
         bits, algo = WEIGHT_BITS[cfg.mode], cfg.resolved_algo or "rtn"
@@ -188,7 +193,7 @@ def _quantize_vocab(graph: Any, cfg: QuantConfig, selection: Selection) -> dict[
     """The embedding and LM head, block-wise at the mode's weight bits (see vocab.py)."""
     assert selection.vocab_nodes is not None
     bits = cfg.vocab_bits
-    block = cfg.block_size if bits == 4 else INT8_VOCAB_BLOCK
+    block = cfg.block_size if bits == 4 else INT8_BLOCK
     return quantize_vocab(graph, selection.vocab_nodes, set(selection.vocab), bits, block, cfg.accuracy_level)
 
 
@@ -225,6 +230,7 @@ def _manifest(
         "calib_method": cfg.calib_method if cfg.mode == "int8-static" else None,
         "weight_bits": WEIGHT_BITS[cfg.mode],
         "quantized_nodes": selection.quantize + selection.vocab,
+        "float_activations": selection.float_activations if cfg.mode == "int8-static" else None,
         "excluded": selection.excluded,
         "keep_float_patterns": selection.patterns,
         "include_patterns": list(cfg.include),

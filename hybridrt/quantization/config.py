@@ -42,6 +42,9 @@ class QuantConfig:
     decode_steps: int = 4
     exclude: tuple[str, ...] = ()
     include: tuple[str, ...] = ()
+    # int8-static: MatMuls whose input activation stays float (their weights go 8-bit
+    # block-wise); None = selection.DEFAULT_FLOAT_ACTIVATIONS, () = none.
+    float_activations: tuple[str, ...] | None = None
     keep_float_default: bool = True
     eval_tokens: int = 1024
     eval_window: int = 256
@@ -68,6 +71,8 @@ class QuantConfig:
         for key in ("exclude", "include"):
             if key in kwargs:
                 kwargs[key] = tuple(kwargs[key] or ())
+        if kwargs.get("float_activations") is not None:
+            kwargs["float_activations"] = tuple(kwargs["float_activations"])
         cfg = cls(**kwargs)
         cfg.validate()
         return cfg

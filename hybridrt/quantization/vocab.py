@@ -23,9 +23,9 @@ import numpy as np
 
 from .config import QuantizationError
 
-# Weights per scale of the vocabulary matrices at 8 bits (a float scale per 128 weights
-# costs 3%); at 4 bits they take the mode's --block-size.
-INT8_VOCAB_BLOCK = 128
+# Weights per scale of 8-bit block-wise weights that no --block-size governs (the vocabulary
+# matrices, int8-static's float-activation MatMuls): a float scale per 128 weights costs 3%.
+INT8_BLOCK = 128
 
 
 @dataclass(frozen=True)
