@@ -383,3 +383,33 @@ def test_bench_compares_float_and_quantized(
     assert lines[2].split()[1:4] == ["float", f"{rows[0]['graph_bytes'] / 1e6:.1f}", "1.00x"]
     assert main([*args, "--repeats", "0"]) == 2
     assert "--repeats must be >= 1" in capsys.readouterr().err
+
+
+def test_scaled_untied_head_is_found() -> None:
+    """Granite divides the logits by logits_scaling: the head MatMul does not write `logits`."""
+    from hybridrt.quantization.vocab import find_vocab_nodes
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["emb", "input_ids"], ["h"], name="/model/embed_tokens/Gather"),
+            helper.make_node("MatMul", ["h", "head"], ["raw"], name="/lm_head/MatMul"),
+            helper.make_node("Div", ["raw", "scale"], ["logits"], name="/Div"),
+        ],
+        "scaled",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", 64])],
+        [
+            numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "emb"),
+            numpy_helper.from_array(rng.standard_normal((32, 64)).astype(np.float32), "head"),
+            numpy_helper.from_array(np.array(8.0, np.float32), "scale"),
+        ],
+    )
+    nodes = find_vocab_nodes(graph)
+    assert (nodes.gather, nodes.table, nodes.head, nodes.head_weight, nodes.tied) == (
+        "/model/embed_tokens/Gather",
+        "emb",
+        "/lm_head/MatMul",
+        "head",
+        False,
+    )

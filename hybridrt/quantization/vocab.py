@@ -64,7 +64,10 @@ def find_vocab_nodes(graph: Any) -> VocabNodes:
     logits = {o.name for o in graph.output if o.name == "logits"}
     head, head_weight, tied = None, None, False
     for node in graph.node:
-        if node.name in weights and (set(node.output) & logits or weights[node.name] == (table, True)):
+        # Our export names it /lm_head/MatMul; a scaled head (Granite's logits_scaling) does
+        # not write the logits itself, a tied one reads the table through a Transpose.
+        named = node.name.startswith("/lm_head/")
+        if node.name in weights and (named or set(node.output) & logits or weights[node.name] == (table, True)):
             head, (head_weight, tied) = node.name, weights[node.name]
             tied = tied and head_weight == table
             break
