@@ -2,7 +2,8 @@
 
 The package ships the default model as a Hugging Face checkpoint (hybridrt/data/default-model).
 Its ONNX export is cached under the user's cache directory, keyed by a fingerprint of the
-shipped files, so it is rebuilt only when the package's model changes. Exporting needs the
+shipped files, the hybridrt version and the manifest schema, so it is rebuilt only when the
+package's model or its exporter changes. Exporting needs the
 `export` extra (`hybridrt demo` or `hybridrt export default`); loading the cache does not.
 """
 
@@ -28,8 +29,12 @@ def cache_root() -> Path:
 
 
 def fingerprint() -> str:
-    """sha256 over the shipped checkpoint's files (first 16 hex digits)."""
-    h = hashlib.sha256()
+    """sha256 over the shipped checkpoint's files, the hybridrt version and the manifest
+    schema version (first 16 hex digits)."""
+    from .. import __version__
+    from ..graphs.manifest import SCHEMA_VERSION
+
+    h = hashlib.sha256(f"hybridrt {__version__} schema {SCHEMA_VERSION}".encode())
     for name in FINGERPRINTED:
         path = CHECKPOINT_DIR / name
         if not path.is_file():
