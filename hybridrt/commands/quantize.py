@@ -81,6 +81,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..graphs.inspect import describe_vocab
     from ..quantization.api import quantize
     from .common import model_dir, stage
 
@@ -124,13 +125,11 @@ def run(args: argparse.Namespace) -> int:
         f"{args.output}: {q['mode']}{algo}, {len(q['quantized_nodes'])} nodes quantized{mixed}, "
         f"{len(q['excluded'])} kept float | {size['bytes'] / 1e6:.2f} MB ({size['ratio']:.3f} of the float graph)"
     )
-    v = q.get("vocab") or {}
-    if v.get("embedding") or v.get("lm_head"):
-        parts = " + ".join(x for x in (v["embedding"], v["lm_head"]) if x)
+    v, vocab = q.get("vocab") or {}, describe_vocab(q.get("vocab"))
+    if vocab:
         print(
-            f"embedding/LM head: {parts}, {v['bits']}-bit blocks of {v['block_size']}"
-            f"{', one shared table' if v['shared'] else ''} | {v['bytes'] / 1e6:.2f} MB "
-            f"(float {v['parent_bytes'] / 1e6:.2f} MB); other weights {(size['bytes'] - v['bytes']) / 1e6:.2f} MB"
+            f"embedding/LM head: {vocab} | {v['bytes'] / 1e6:.2f} MB (float {v['parent_bytes'] / 1e6:.2f} MB); "
+            f"other weights {(size['bytes'] - v['bytes']) / 1e6:.2f} MB"
         )
     print(
         f"vs float on {r['tokens']} held-out tokens: NLL {r['nll_quantized']:.4f} (Δ {r['nll_delta']:+.4f}) | "

@@ -72,11 +72,9 @@ def _quantization_lines(q: dict[str, Any]) -> list[str]:
     lines = [
         f"quantization {label}, {len(q.get('quantized_nodes', []))} nodes, {len(q.get('excluded', {}))} kept float"
     ]
-    vocab, size, report = q.get("vocab") or {}, q.get("size") or {}, q.get("report") or {}
-    if vocab.get("embedding") or vocab.get("lm_head"):
-        parts = " + ".join(x for x in (vocab.get("embedding"), vocab.get("lm_head")) if x)
-        shared = ", one shared table" if vocab.get("shared") else ""
-        lines.append(f"  vocabulary {parts}, {vocab.get('bits')}-bit blocks of {vocab.get('block_size')}{shared}")
+    vocab, size, report = describe_vocab(q.get("vocab")), q.get("size") or {}, q.get("report") or {}
+    if vocab:
+        lines.append(f"  vocabulary {vocab}")
     if size:
         lines.append(f"  size       {size['bytes'] / 2**20:.1f} MiB, {size['ratio']:.3f} of the float graph")
     if report:
@@ -85,3 +83,12 @@ def _quantization_lines(q: dict[str, Any]) -> list[str]:
             f"greedy agreement {report['greedy_agreement']:.3f} ({report['tokens']} held-out tokens)"
         )
     return lines
+
+
+def describe_vocab(vocab: dict[str, Any] | None) -> str | None:
+    """How the embedding and LM head were stored (a quantization record's `vocab`), or None."""
+    if not vocab or not (vocab.get("embedding") or vocab.get("lm_head")):
+        return None
+    parts = " + ".join(x for x in (vocab.get("embedding"), vocab.get("lm_head")) if x)
+    shared = ", one shared table" if vocab.get("shared") else ""
+    return f"{parts}, {vocab.get('bits')}-bit blocks of {vocab.get('block_size')}{shared}"
