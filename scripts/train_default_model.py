@@ -1,11 +1,14 @@
-"""Train the model hybridrt ships (hybridrt/data/default-model) on the Python standard library.
+"""Train the model hybridrt ships (hybridrt/data/default-model) on Python sources.
 
-    python scripts/train_default_model.py --minutes 40            # train, evaluate, publish
-    python scripts/train_default_model.py --write-heldout h.txt   # only write the held-out text
+    python scripts/default_model_corpus.py build/corpus.jsonl.xz        # gather the text once
+    python scripts/train_default_model.py --corpus build/corpus.jsonl.xz --minutes 40
+    python scripts/train_default_model.py --write-heldout DIR           # only write the held-out texts
 
-Data: the *.py sources of the running interpreter's standard library, test suites and
-site-packages left out. The modules in HELDOUT_MODULES are never trained on (not by the
-tokenizer either); they are the held-out set. Every document is framed as <s> text </s>.
+Data (scripts/default_model_corpus.py): the standard library and the permissively licensed
+packages that `pip install hybridrt[dev]` brings, read from a corpus file so that the text can be
+gathered on one machine and the model trained on another (a GPU, with --device cuda). The
+held-out stdlib modules and the held-out packages are never trained on (not by the tokenizer
+either). Every document is framed as <s> text </s>.
 
 Model: a Jamba (`JambaForCausalLM`) layout built from HF_CONFIG through the same translator
 that loads Jamba checkpoints, so config.json and the trained model cannot disagree. It is
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("RAYON_NUM_THREADS", "1")  # tokenizers: one core, the machine is shared
+os.environ.setdefault("RAYON_NUM_THREADS", "1")  # tokenizers: one core unless told (the CPU machine is shared)
 
 import argparse
 import contextlib
@@ -30,7 +33,6 @@ import json
 import math
 import shutil
 import sys
-import sysconfig
 import time
 import types
 from collections.abc import Iterator
@@ -39,6 +41,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from default_model_corpus import read_corpus, write_corpus
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -52,26 +55,16 @@ from hybridrt.models.state import zero_states
 
 DEFAULT_OUT = Path(hybridrt.__file__).resolve().parent / "data" / "default-model"
 
-# Held out for evaluation, never trained on: stdlib paths (a trailing / means a package).
-HELDOUT_MODULES = (
-    "argparse.py", "calendar.py", "configparser.py", "csv.py", "dataclasses.py", "difflib.py",
-    "enum.py", "fractions.py", "heapq.py", "json/", "logging/", "pathlib.py", "pprint.py",
-    "shlex.py", "statistics.py", "string.py", "textwrap.py", "tomllib/", "zipfile.py",
-)  # fmt: skip
-EXCLUDED_DIRS = ("site-packages", "test", "tests", "idle_test")
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2: pad, bos, eos in HF_CONFIG
 PAD, BOS, EOS = 0, 1, 2
 
-# Sized for a 40-minute run on one CPU core (~5 M parameters, ~1 k tokens/s): at that budget
-# a bigger model sees too few tokens. Attention at layers 3 and 7, Mamba elsewhere; one expert
-# (a dense MLP) in every layer.
+# Attention at layers 3 and 7, Mamba elsewhere; one expert (a dense MLP) in every layer. The
+# width (TrainConfig.hidden, heads of 32) is chosen per run: ~10 M parameters at hidden 256 and
+# 8 k tokens keep the shipped directory under 25 MB in float16.
 HF_CONFIG = {
     "model_type": "jamba",
     "architectures": ["JambaForCausalLM"],
-    "hidden_size": 192,
-    "intermediate_size": 576,
     "num_hidden_layers": 8,
-    "num_attention_heads": 6,
     "num_key_value_heads": 2,
     "attn_layer_period": 4,
     "attn_layer_offset": 3,
@@ -104,7 +97,8 @@ class TrainConfig:
 
     minutes: float = 40.0  # wall-clock budget of the training loop (the cosine spans it)
     steps: int = 0  # if > 0: train exactly this many steps, the cosine spans them
-    vocab: int = 4096
+    vocab: int = 8192
+    hidden: int = 256  # MLP 3x, attention heads of 32
     seq_len: int = 256
     batch: int = 8
     lr: float = 2e-3
@@ -117,6 +111,9 @@ class TrainConfig:
     eval_every: int = 100
     eval_windows: int = 16
     threads: int = 1
+    device: str = "cpu"  # or "cuda"
+    corpus: str = "build/corpus.jsonl.xz"  # written by scripts/default_model_corpus.py if missing
+    tokenizer_bytes: int = 30_000_000  # training text sampled for the BPE merges
     out: str = str(DEFAULT_OUT)
     log_dir: str = "build/train-default"
 
@@ -124,29 +121,19 @@ class TrainConfig:
 # Corpus -------------------------------------------------------------------------------
 
 
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
+def split_docs(rows: list[dict]) -> dict[str, list[str]]:
+    """Corpus rows -> {"train": [...], "heldout-stdlib": [...], "heldout-packages": [...]} texts."""
+    out: dict[str, list[str]] = {"train": [], "heldout-stdlib": [], "heldout-packages": []}
+    for row in rows:
+        out[row["split"]].append(row["text"])
+    return out
 
 
-def is_heldout(rel: str) -> bool:
-    return any(rel == m or (m.endswith("/") and rel.startswith(m)) for m in HELDOUT_MODULES)
-
-
-def corpus() -> tuple[list[str], list[str]]:
-    """(training, held-out) stdlib paths relative to the stdlib root, sorted."""
-    root = stdlib_root()
-    rels = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py"))
-    rels = [r for r in rels if not any(part in EXCLUDED_DIRS for part in r.split("/")[:-1])]
-    heldout = [r for r in rels if is_heldout(r)]
-    missing = [m for m in HELDOUT_MODULES if not any(is_heldout(r) and r.startswith(m) for r in heldout)]
-    if missing:
-        raise SystemExit(f"held-out modules not in {root}: {missing}")
-    return [r for r in rels if not is_heldout(r)], heldout
-
-
-def read_docs(rels: list[str]) -> list[str]:
-    root = stdlib_root()
-    return [(root / r).read_text(encoding="utf-8") for r in rels]
+def tokenizer_sample(docs: list[str], max_bytes: int) -> list[str]:
+    """Every k-th training document, about max_bytes in all: BPE merges settle long before 90 MB."""
+    total = sum(len(d) for d in docs)
+    step = max(1, math.ceil(total / max_bytes))
+    return docs[::step]
 
 
 def heldout_text(docs: list[str]) -> str:
@@ -194,10 +181,11 @@ def windows(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
 # Model --------------------------------------------------------------------------------
 
 
-def build_model(vocab: int, seed: int) -> tuple[dict, HybridConfig, HybridForCausalLM]:
-    hf = dict(HF_CONFIG, vocab_size=vocab)
+def build_model(vocab: int, tc: TrainConfig) -> tuple[dict, HybridConfig, HybridForCausalLM]:
+    size = {"hidden_size": tc.hidden, "intermediate_size": 3 * tc.hidden, "num_attention_heads": tc.hidden // 32}
+    hf = dict(HF_CONFIG, vocab_size=vocab, **size)
     cfg = translate(hf)
-    torch.manual_seed(seed)
+    torch.manual_seed(tc.seed)
     model = HybridForCausalLM(cfg)
     init_weights(model, cfg, hf["initializer_range"])
     return hf, cfg, model
@@ -232,9 +220,11 @@ def fast_mamba_forward(
     """MambaMixer.forward for unpadded sequences, with h stepped over time.
 
     The reference scan (hybridrt.models.scan) is shaped for export: it materializes several
-    [b, l, d_inner, n] tensors per doubling step, and its backward on one CPU core is ~10x
-    slower than stepping h [b, d_inner, n], which stays in cache. Same parameters, same math;
-    `check_fast_scan` compares the two before training.
+    [b, l, d_inner, n] tensors per doubling step, and its backward is ~10x slower than stepping
+    h [b, d_inner, n]. The decays and inputs of every step are computed at once, so each step is
+    one fused multiply-add (forward) and a few (backward): on a GPU the loop is bound by kernel
+    launches, not arithmetic. Same parameters, same math; `check_fast_scan` compares the two
+    before training.
     """
     xs, z = self.in_proj(x).chunk(2, dim=-1)  # [b, l, d_inner] each
     xs, conv_state = causal_conv(xs.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias)
@@ -244,11 +234,14 @@ def fast_mamba_forward(
         dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)
     dt = F.softplus(self.dt_proj(dt))  # [b, l, d_inner]
     A = -torch.exp(self.A_log.float())  # [d_inner, n]
-    h, ys = ssm_state, []
-    for dt_t, u_t, B_t, C_t in zip(dt.unbind(1), (dt * xs).unbind(1), B.unbind(1), C.unbind(1), strict=True):
-        h = torch.exp(dt_t.unsqueeze(-1) * A) * h + u_t.unsqueeze(-1) * B_t.unsqueeze(1)
-        ys.append((h * C_t.unsqueeze(1)).sum(-1))
-    y = (torch.stack(ys, dim=1) + xs * self.D) * F.silu(z)
+    decay = torch.exp(dt.unsqueeze(-1) * A)  # [b, l, d_inner, n]
+    inputs = (dt * xs).unsqueeze(-1) * B.unsqueeze(2)  # [b, l, d_inner, n]
+    h, hs = ssm_state, []
+    for decay_t, input_t in zip(decay.unbind(1), inputs.unbind(1), strict=True):  # unbind: one stack backward
+        h = torch.addcmul(input_t, decay_t, h)
+        hs.append(h)
+    y = torch.einsum("bldn,bln->bld", torch.stack(hs, dim=1), C)
+    y = (y + xs * self.D) * F.silu(z)
     return self.out_proj(y), conv_state, h
 
 
@@ -265,9 +258,10 @@ def fast_scan(model: HybridForCausalLM) -> Iterator[None]:
 
 
 def logits_of(model: HybridForCausalLM, ids: torch.Tensor) -> torch.Tensor:
-    """ids [b, l] -> logits [b, l, v] from a fresh state."""
+    """ids [b, l] -> logits [b, l, v] from a fresh state, on the device of ids."""
     b, l = ids.shape
-    return model(ids, torch.ones(b, l, dtype=torch.long), None, zero_states(model.config, b))[0]
+    states = [s.to(ids.device) for s in zero_states(model.config, b)]
+    return model(ids, torch.ones(b, l, dtype=torch.long, device=ids.device), None, states)[0]
 
 
 @torch.no_grad()
@@ -484,15 +478,25 @@ def publish(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def readme(hf: dict, info: dict) -> str:
+def sources_table(header: dict) -> str:
+    rows = ["| source | version | licence | files | MB | used for |", "| --- | --- | --- | --- | --- | --- |"]
+    for src in header["sources"]:
+        use = ", ".join(src.get("splits", [])) or "none (no usable files)"
+        rows.append(f"| {src['name']} | {src['version']} | {src['licence'][:60]} | {src.get('files', 0)} "
+                    f"| {src.get('bytes', 0) / 1e6:.2f} | {use} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def readme(hf: dict, info: dict, header: dict) -> str:
     t = info
+    std, pkg = t["heldout-stdlib"], t["heldout-packages"]
     layers = ", ".join(f"{i}:{k}" for i, k in enumerate(translate(hf).layer_types))
-    held = ", ".join(HELDOUT_MODULES)
+    skipped = "; ".join(header["skipped"])
     return f"""# hybridrt default model
 
 A small Jamba-layout hybrid (Mamba + attention) language model of Python source code,
 shipped with hybridrt so that export, runtime and examples work without a download. It
-is a test and demo model, not a useful code model.
+is a test, demo and draft model, not a useful code model.
 
 - Architecture: `JambaForCausalLM`, {t["parameters"]:,} parameters (embeddings tied),
   hidden {hf["hidden_size"]}, dense MLP {hf["intermediate_size"]}, {hf["num_attention_heads"]} heads /
@@ -502,39 +506,45 @@ is a test and demo model, not a useful code model.
   Weights in float16 with transformers' tensor names. Trained as hybridrt's reference
   `HybridForCausalLM`, its Mamba scan stepped over time during training (same math, checked
   against the reference before training).
-- Tokenizer: byte-level BPE, {hf["vocab_size"]} tokens, trained on the training split;
+- Tokenizer: byte-level BPE, {hf["vocab_size"]} tokens, trained on a sample of the training split;
   `<pad>` 0, `<s>` 1, `</s>` 2. Training documents were framed as `<s>` text `</s>`, so
   prompts should start with `<s>`.
-- Data: the `*.py` files of the CPython {t["python"]} standard library, without test
-  suites (`test/`, `tests/`, `idle_test/`) and site-packages: {t["train_files"]} files,
-  {t["train_bytes"]:,} bytes, {t["train_tokens"]:,} tokens for training. Held out, never
-  trained on ({t["heldout_files"]} files): {held}.
+- Data (`scripts/default_model_corpus.py`): the `*.py` files of the CPython {t["corpus_python"]} standard
+  library (test suites left out) and of the permissively licensed packages that `pip install
+  hybridrt[dev]` installs, vendored copies dropped, identical files kept once, at most
+  {header["per_package_bytes"] / 1e6:.0f} MB per package: {t["train_files"]:,} files, {t["train_bytes"]:,} bytes,
+  {t["train_tokens"]:,} tokens for training. Left out: {skipped}.
+  Held out, never trained on: the stdlib modules {", ".join(header["heldout_stdlib"])}
+  ({t["heldout_files"]["heldout-stdlib"]} files) and the whole packages {", ".join(header["heldout_packages"])}
+  ({t["heldout_files"]["heldout-packages"]} files).
 - Training: `{t["command"]}`, {t["steps"]} steps of {t["batch"]} x {t["seq_len"]} tokens
   ({t["tokens_seen"]:,} tokens seen), AdamW (betas 0.9/0.95, weight decay {t["weight_decay"]}),
   peak lr {t["lr"]}, {t["warmup"]} warmup steps then cosine to {t["min_lr_ratio"]} x peak
-  over the time budget, gradient clipping {t["grad_clip"]}, seed {t["seed"]}, float32 on
-  {t["threads"]} CPU thread(s), {t["train_seconds"] / 60:.1f} minutes ({t["train_tokens_per_second"]:.0f} tokens/s).
+  over the time budget, gradient clipping {t["grad_clip"]}, seed {t["seed"]}, float32 (TF32 matmuls on a GPU) on
+  {t["device"]}, {t["train_seconds"] / 60:.1f} minutes ({t["train_tokens_per_second"]:,.0f} tokens/s).
 
 ## Results
 
-| figure | value |
-| --- | --- |
-| train loss (last logged steps) | {t["train_loss"]} nats/token |
-| held-out loss | {t["heldout_loss_nats_per_token"]} nats/token |
-| held-out bits per byte | {t["heldout_bits_per_byte"]} |
+| figure | stdlib held-out modules | held-out packages (never-seen projects) |
+| --- | --- | --- |
+| loss (nats/token) | {std["heldout_loss_nats_per_token"]} | {pkg["heldout_loss_nats_per_token"]} |
+| bits per byte | {std["heldout_bits_per_byte"]} | {pkg["heldout_bits_per_byte"]} |
+| target tokens | {std["heldout_tokens"]:,} | {pkg["heldout_tokens"]:,} |
+| UTF-8 bytes | {std["heldout_bytes"]:,} | {pkg["heldout_bytes"]:,} |
 
-Held-out figures cover the whole held-out text ({t["heldout_tokens"]:,} target tokens,
-{t["heldout_bytes"]:,} UTF-8 bytes), scored from the float16 weights as written, in windows
-of {t["seq_len"]} tokens. Bits per byte = total negative log-likelihood in bits (the `</s>`
-targets included, `<s>` excluded) / UTF-8 bytes of the documents. Rebuild the held-out text
-(documents framed as `<s>`...`</s>`) with
-`python scripts/train_default_model.py --write-heldout PATH` on CPython {t["python"]}.
+Train loss over the last logged steps: {t["train_loss"]} nats/token. Held-out figures cover
+the whole held-out texts, scored from the float16 weights as written, in windows of
+{t["seq_len"]} tokens. Bits per byte = total negative log-likelihood in bits (the `</s>` targets
+included, `<s>` excluded) / UTF-8 bytes of the documents. Rebuild the held-out texts
+(documents framed as `<s>`...`</s>`) with `python scripts/train_default_model.py --write-heldout DIR`
+from the same corpus file.
 
 transformers' `JambaForCausalLM` and hybridrt's reference model agree on these weights to
 {t["transformers_max_logit_diff"]} (max |logit difference|, float32).
 
-The training data is the Python standard library, under the Python Software Foundation
-License.
+## Sources and licences
+
+{sources_table(header)}
 """
 
 
@@ -545,70 +555,90 @@ def parse_args() -> tuple[TrainConfig, Path | None]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(TrainConfig):
         ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
-    ap.add_argument("--write-heldout", type=Path, metavar="PATH", help="write the held-out text and exit")
+    ap.add_argument("--write-heldout", type=Path, metavar="DIR", help="write the held-out texts and exit")
     args = vars(ap.parse_args())
-    heldout_path = args.pop("write_heldout")
-    return TrainConfig(**args), heldout_path
+    heldout_dir = args.pop("write_heldout")
+    return TrainConfig(**args), heldout_dir
+
+
+def load_corpus(tc: TrainConfig) -> tuple[dict, dict[str, list[str]]]:
+    path = Path(tc.corpus)
+    if not path.exists():
+        print(f"writing the corpus to {path}", flush=True)
+        write_corpus(path)
+    header, rows = read_corpus(path)
+    return header, split_docs(rows)
 
 
 def main() -> None:
-    tc, heldout_path = parse_args()
-    train_rels, held_rels = corpus()
-    held_docs = read_docs(held_rels)
-    text = heldout_text(held_docs)
-    if heldout_path is not None:
-        heldout_path.write_text(text, encoding="utf-8")
-        print(f"{heldout_path}: {len(held_rels)} files, {len(text.encode())} bytes")
+    tc, heldout_dir = parse_args()
+    header, docs = load_corpus(tc)
+    held_sets = ("heldout-stdlib", "heldout-packages")
+    texts = {name: heldout_text(docs[name]) for name in held_sets}
+    if heldout_dir is not None:
+        heldout_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in texts.items():
+            (heldout_dir / f"{name}.txt").write_text(text, encoding="utf-8")
+            print(f"{heldout_dir / name}.txt: {len(docs[name])} files, {len(text.encode())} bytes")
         return
     torch.set_num_threads(tc.threads)
     torch.set_num_interop_threads(tc.threads)
+    torch.backends.cuda.matmul.allow_tf32 = True  # the scan stays float32; TF32 only in matmuls
+    device = torch.device(tc.device)
     out, log_dir = Path(tc.out).resolve(), Path(tc.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
 
-    train_docs = read_docs(train_rels)
-    tok = train_tokenizer(train_docs, tc.vocab)
-    train_stream, held_stream = token_stream(tok, train_docs), token_stream(tok, held_docs)
-    assert torch.equal(held_stream, torch.tensor(tok.encode(text, add_special_tokens=False).ids))
-    print(f"tokenizer + streams: {time.time() - t_start:.0f}s; train {len(train_stream):,} tokens, "
-          f"held-out {len(held_stream):,} tokens", flush=True)  # fmt: skip
+    tok = train_tokenizer(tokenizer_sample(docs["train"], tc.tokenizer_bytes), tc.vocab)
+    train_stream = token_stream(tok, docs["train"])
+    held = {name: token_stream(tok, docs[name]) for name in held_sets}
+    for name in held_sets:
+        assert torch.equal(held[name], torch.tensor(tok.encode(texts[name], add_special_tokens=False).ids))
+    print(f"tokenizer + streams: {time.time() - t_start:.0f}s; train {len(train_stream):,} tokens, held-out "
+          + ", ".join(f"{n} {len(s):,}" for n, s in held.items()), flush=True)  # fmt: skip
 
-    hf, cfg, model = build_model(tok.get_vocab_size(), tc.seed)
+    hf, cfg, model = build_model(tok.get_vocab_size(), tc)
+    model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    held_wins = windows(held_stream, tc.seq_len)
-    pick = torch.linspace(0, len(held_wins) - 1, tc.eval_windows).long()
-    scan_diff = check_fast_scan(model, held_wins[:2, :64])
+    held_wins = {name: windows(s, tc.seq_len).to(device) for name, s in held.items()}
+    stdlib_wins = held_wins["heldout-stdlib"]
+    pick = torch.linspace(0, len(stdlib_wins) - 1, tc.eval_windows).long()
+    scan_diff = check_fast_scan(model, stdlib_wins[:2, :64])
     print(f"{n_params:,} parameters; layers {cfg.layer_types}; training scan matches ({scan_diff:.1e})", flush=True)
 
-    info = train(model, windows(train_stream, tc.seq_len), held_wins[pick], tc)
+    info = train(model, windows(train_stream, tc.seq_len).to(device), stdlib_wins[pick], tc)
 
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     write_checkpoint(tmp, model, hf, tok)
     written, _ = load_model(tmp)
+    written.to(device)
     t_eval = time.time()
     with fast_scan(written):
-        info |= heldout_figures(written, held_stream, sum(len(d.encode()) for d in held_docs), tc)
+        for name in held_sets:
+            n_bytes = sum(len(d.encode()) for d in docs[name])
+            info[name] = heldout_figures(written, held[name].to(device), n_bytes, tc)
     print(f"held-out evaluation: {time.time() - t_eval:.0f}s {info}", flush=True)
-    probe = held_wins[:1, :128]
+    written.cpu()
+    probe = held["heldout-stdlib"][:128].unsqueeze(0)
     check_fast_scan(written, probe)
     hf_diff = transformers_parity(tmp, written, probe)
 
     info |= {
         "parameters": n_params,
         "command": " ".join(["python", *sys.argv]),
-        "python": sys.version.split()[0],
-        "train_files": len(train_rels),
-        "train_bytes": sum(len(d.encode()) for d in train_docs),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"{tc.threads} CPU thread(s)",
+        "train_files": len(docs["train"]),
+        "train_bytes": sum(len(d.encode()) for d in docs["train"]),
         "train_tokens": len(train_stream),
-        "heldout_files": len(held_rels),
-        "heldout_modules": list(HELDOUT_MODULES),
+        "heldout_files": {name: len(docs[name]) for name in held_sets},
+        "corpus_python": header["python"],
         "transformers_max_logit_diff": f"{hf_diff:.1e}" if hf_diff is not None else "not checked",
         "total_seconds": round(time.time() - t_start, 1),
     }
     settings = ("seq_len", "batch", "lr", "min_lr_ratio", "warmup", "weight_decay", "grad_clip", "seed", "minutes")
     info |= {k: getattr(tc, k) for k in (*settings, "threads")}
     (tmp / "config.json").write_text(json.dumps(dict(hf, hybridrt_training=info), indent=2) + "\n")
-    (tmp / "README.md").write_text(readme(hf, info))
+    (tmp / "README.md").write_text(readme(hf, info, header))
     (log_dir / "summary.json").write_text(json.dumps(info, indent=2) + "\n")
     publish(tmp, out)
     print(f"wrote {out} ({sum(f.stat().st_size for f in out.iterdir()) / 1e6:.1f} MB)", flush=True)
