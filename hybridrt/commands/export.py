@@ -22,12 +22,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..default_model import checkpoint_dir
     from ..export import export
     from ..graphs.inspect import describe
 
     t0 = time.perf_counter()
     manifest = export(
-        args.src,
+        checkpoint_dir(args.src),
         args.output,
         format=args.format,
         force=args.force,
