@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import GenerationError
-from .state import NUMPY_DTYPES, state_shape
+from ..graphs.feeds import graph_feeds, zero_states
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -37,14 +37,10 @@ LogitsFn = Callable[[np.ndarray], np.ndarray]
 def ort_logits_fn(model: Any) -> LogitsFn:
     """ids [1, l] -> logits [l, V] from fresh states, with the runtime's ONNX session."""
     session, manifest = model.inference_session, model.manifest
-    uses_positions = any(s.name == "position_ids" for s in manifest.inputs)
-    zeros = {s.name: np.zeros(state_shape(s, 1), NUMPY_DTYPES[s.dtype]) for s in manifest.pasts}
+    zeros = zero_states(manifest.pasts, 1)
 
     def run(chunk: np.ndarray) -> np.ndarray:
-        feeds: dict[str, np.ndarray] = {"input_ids": chunk, "attention_mask": np.ones_like(chunk), **zeros}
-        if uses_positions:
-            feeds["position_ids"] = np.arange(chunk.shape[1], dtype=np.int64)[None, :]
-        return session.run(["logits"], feeds)[0][0]
+        return session.run(["logits"], graph_feeds(manifest.inputs, chunk, np.ones_like(chunk), zeros))[0][0]
 
     return run
 
