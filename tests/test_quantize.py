@@ -19,7 +19,8 @@ from hybridrt.cli import main
 from hybridrt.graphs.manifest import read_manifest
 from hybridrt.quantization import QuantConfig, QuantizationError, quantize
 from hybridrt.quantization.calibration import CalibrationReader, calibration_feeds, split_text
-from hybridrt.quantization.selection import give_private_weights, select_nodes
+from hybridrt.quantization.rewrites import give_private_weights
+from hybridrt.quantization.selection import select_nodes
 
 SMALL = {"samples": 3, "seq_len": 32, "decode_steps": 2, "agreement_prompts": 4, "eval_tokens": 192, "eval_window": 128}
 REPORT = ("nll_delta", "ppl_ratio", "mean_kl", "greedy_agreement", "tokens", "prompts")
@@ -309,7 +310,7 @@ def _dequantize(packed: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_tied_embedding_and_lm_head_share_one_quantized_table(bits: int) -> None:
-    from hybridrt.quantization.vocab import find_vocab_nodes, quantize_vocab
+    from hybridrt.quantization.rewrites import find_vocab_nodes, quantize_vocab
 
     graph, table = _tied_graph()
     ids = np.array([[0, 5, 63], [7, 7, 1]], dtype=np.int64)
@@ -335,7 +336,7 @@ def test_tied_embedding_and_lm_head_share_one_quantized_table(bits: int) -> None
 
 
 def test_lm_head_alone_keeps_the_float_embedding() -> None:
-    from hybridrt.quantization.vocab import find_vocab_nodes, quantize_vocab
+    from hybridrt.quantization.rewrites import find_vocab_nodes, quantize_vocab
 
     graph, table = _tied_graph()
     ids = np.array([[3, 4]], dtype=np.int64)
@@ -387,7 +388,7 @@ def test_bench_compares_float_and_quantized(
 
 def test_scaled_untied_head_is_found() -> None:
     """Granite divides the logits by logits_scaling: the head MatMul does not write `logits`."""
-    from hybridrt.quantization.vocab import find_vocab_nodes
+    from hybridrt.quantization.rewrites import find_vocab_nodes
 
     rng = np.random.default_rng(0)
     graph = helper.make_graph(
