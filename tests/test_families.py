@@ -177,7 +177,7 @@ def test_unsupported_variant_is_refused_by_field(  # type: ignore[no-untyped-def
         load_config(bad)
 
 
-def test_plain_ops_mamba2_graph_matches_reference(
+def test_plain_op_mamba2_graph_bakes_in_no_chunk_count(
     family_dirs: dict[str, Path], tmp_path_factory, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     """Regression: traced at one scan chunk, the plain-op SSD graph failed beyond 16 chunks
