@@ -22,13 +22,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..default_model import checkpoint_dir
-    from ..export import export
+    from .. import export_model
     from ..graphs.inspect import describe
 
     t0 = time.perf_counter()
-    manifest = export(
-        checkpoint_dir(args.src),
+    manifest = export_model(
+        args.src,
         args.output,
         format=args.format,
         force=args.force,
