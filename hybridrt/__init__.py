@@ -3,8 +3,11 @@ ONNX Runtime. Importing this package never imports torch."""
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from ._version import __version__
 from .errors import (
     CheckpointError,
     ExportError,
@@ -12,9 +15,13 @@ from .errors import (
     GraphError,
     HybridrtError,
     ProviderError,
+    QuantizationError,
     UnsupportedArchitectureError,
 )
 from .runtime import load
+
+if TYPE_CHECKING:
+    from .graphs.manifest import Manifest
 
 __all__ = [
     "CheckpointError",
@@ -23,6 +30,7 @@ __all__ = [
     "GraphError",
     "HybridrtError",
     "ProviderError",
+    "QuantizationError",
     "UnsupportedArchitectureError",
     "__version__",
     "export_model",
@@ -30,8 +38,27 @@ __all__ = [
 ]
 
 
-def export_model(src, out, **kwargs):  # type: ignore[no-untyped-def]
-    """Export a checkpoint directory to a graph directory (see hybridrt.export.export)."""
-    from .export import export as _export
+def export_model(
+    src: str | Path,
+    out: str | Path,
+    *,
+    format: str = "onnx",
+    force: bool = False,
+    validate: bool = True,
+    fused_ops: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> Manifest:
+    """Export a Hugging Face checkpoint directory (or "default", the shipped model) to a graph
+    directory; returns its manifest. Needs the `export` extra.
 
-    return _export(src, out, **kwargs)
+    format: "onnx", "torchscript" or "pt2". force: replace an existing `out`. validate: check
+    parity against PyTorch and refuse the export above tolerance. fused_ops: in ONNX, run each
+    Mamba recurrence as one onnxruntime `com.microsoft` node; False keeps standard operators.
+    progress: called with a line per stage.
+    """
+    from .default_model import checkpoint_dir
+    from .export.api import export
+
+    return export(
+        checkpoint_dir(src), out, format=format, force=force, validate=validate, fused_ops=fused_ops, progress=progress
+    )

@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from . import __version__
+from ._version import __version__
 from .commands import COMMANDS
 from .errors import HybridrtError
 

@@ -27,5 +27,9 @@ class ProviderError(HybridrtError):
     """A requested execution provider is not available in this onnxruntime build."""
 
 
+class QuantizationError(HybridrtError):
+    """Quantization cannot run or its result failed a quality gate; nothing was written."""
+
+
 class GenerationError(HybridrtError, ValueError):
     """Invalid generation input: sampling parameters, prompt length, missing tokenizer."""

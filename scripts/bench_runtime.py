@@ -34,8 +34,7 @@ def prompts(vocab: int, batch: int, length: int, seed: int = 0) -> list[list[int
 
 
 def timed(model: Any, rows: list[list[int]], new: int) -> tuple[float, float, list[list[int]]]:
-    out = model.generate(rows, max_new_tokens=new, min_new_tokens=new)
-    s = model.last_stats
+    out, s = model.generate_with_stats(rows, max_new_tokens=new, min_new_tokens=new)
     return s.prefill_ms, s.decode_tokens_per_s, out
 
 

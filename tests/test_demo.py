@@ -8,8 +8,8 @@ import pytest
 
 import hybridrt
 from hybridrt.cli import main
+from hybridrt.default_model import CHECKPOINT_DIR, cached_export_dir
 from hybridrt.graphs.manifest import read_manifest
-from hybridrt.runtime.default import CHECKPOINT_DIR, cached_export_dir
 
 
 def test_shipped_model_is_small_and_complete() -> None:

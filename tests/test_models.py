@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridrt.export.trace import position_ids
+from hybridrt.graphs.feeds import position_ids
 from hybridrt.models.checkpoint import load_model
 from hybridrt.models.state import zero_states
 
@@ -15,7 +15,7 @@ TOL = 1e-4
 
 
 def _forward(model, ids, mask, states):  # type: ignore[no-untyped-def]
-    pos = position_ids(mask, ids.shape[1]) if model.config.rope_theta is not None else None
+    pos = torch.from_numpy(position_ids(mask.numpy(), ids.shape[1])) if model.config.uses_positions else None
     with torch.no_grad():
         return model(ids, mask, pos, states)
 

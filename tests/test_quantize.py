@@ -12,14 +12,13 @@ import numpy as np
 import onnx
 import pytest
 from checkpoints import TEXT
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 import hybridrt
 from hybridrt.cli import main
 from hybridrt.graphs.manifest import read_manifest
-from hybridrt.quantization import QuantConfig, QuantizationError, quantize
+from hybridrt.quantization import QuantizationError, quantize
 from hybridrt.quantization.calibration import CalibrationReader, calibration_feeds, split_text
-from hybridrt.quantization.selection import give_private_weights, select_nodes
 
 SMALL = {"samples": 3, "seq_len": 32, "decode_steps": 2, "agreement_prompts": 4, "eval_tokens": 192, "eval_window": 128}
 REPORT = ("nll_delta", "ppl_ratio", "mean_kl", "greedy_agreement", "tokens", "prompts")
@@ -39,35 +38,54 @@ def _greedy(directory: Path) -> list[int]:
     return [int(t) for t in out]
 
 
-@pytest.mark.parametrize(
-    "mode, algo, op_type",
-    [
-        ("int8-static", None, "QuantizeLinear"),
-        ("int8-dynamic", None, "MatMulInteger"),
-        ("int4", "rtn", "MatMulNBits"),
-        ("int4", "hqq", "MatMulNBits"),
-        ("int4", "gptq", "MatMulNBits"),
-        ("int8-weight", "rtn", "MatMulNBits"),
-    ],
-)
-def test_mode_loads_generates_and_reports(
-    jamba_onnx: Path, text_file: Path, tmp_path: Path, mode: str, algo: str | None, op_type: str
-) -> None:
-    out = tmp_path / "q"
-    options = SMALL | ({"algo": algo} if algo else {})
-    quantize(jamba_onnx, out, mode, calibration=[text_file], **options)
+MODES = [
+    ("int8-static", None, "QuantizeLinear"),
+    ("int8-dynamic", None, "MatMulInteger"),
+    ("int4", "rtn", "MatMulNBits"),
+    ("int4", "hqq", "MatMulNBits"),
+    ("int4", "gptq", "MatMulNBits"),
+    ("int8-weight", "rtn", "MatMulNBits"),
+]
+
+
+@pytest.fixture(scope="module", params=MODES, ids=lambda m: f"{m[0]}-{m[1]}" if m[1] else m[0])
+def quantized(
+    request: pytest.FixtureRequest, jamba_onnx: Path, text_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, str, str | None, str]:
+    """(directory, mode, algo, the operator the mode writes): each mode quantized once."""
+    mode, algo, op_type = request.param
+    out = tmp_path_factory.mktemp("quantized") / "q"
+    quantize(jamba_onnx, out, mode, calibration=[text_file], **SMALL | ({"algo": algo} if algo else {}))
+    return out, mode, algo, op_type
+
+
+def test_mode_writes_its_operators_and_keeps_the_fused_scan(quantized: tuple[Path, str, str | None, str]) -> None:
+    out, _, _, op_type = quantized
     graph = onnx.load(str(out / "model.onnx"))
     assert graph.ir_version <= 10
     op_types = {n.op_type for n in graph.graph.node}
     assert op_type in op_types
     assert "LinearAttention" in op_types  # the SSM scan stays the fused float op
-    # Regression: QDQ handed x_proj's dequantized input to the scan (dt * x) and the D skip too.
+
+
+def test_float_consumers_of_a_quantized_activation_read_the_float_tensor(
+    quantized: tuple[Path, str, str | None, str],
+) -> None:
+    """Regression: QDQ handed x_proj's dequantized input to the scan (dt * x) and the D skip too."""
+    graph = onnx.load(str(quantized[0] / "model.onnx"))
     producer = {o: n.op_type for n in graph.graph.node for o in n.output}
     for node in graph.graph.node:
         if node.op_type not in ("MatMul", "QuantizeLinear", "DequantizeLinear"):
             assert all(producer.get(i) != "DequantizeLinear" for i in node.input), node.name
-    first = _greedy(out)
-    assert first == _greedy(out) and len(first) == 12
+
+
+def test_quantized_model_loads_and_generates_deterministically(quantized: tuple[Path, str, str | None, str]) -> None:
+    first = _greedy(quantized[0])
+    assert first == _greedy(quantized[0]) and len(first) == 12
+
+
+def test_report_records_the_mode_and_stays_close_to_float(quantized: tuple[Path, str, str | None, str]) -> None:
+    out, mode, algo, _ = quantized
     q = read_manifest(out).quantization
     assert q is not None and q["mode"] == mode and q["algo"] == algo
     report = q["report"]
@@ -77,11 +95,19 @@ def test_mode_loads_generates_and_reports(
     assert abs(report["ppl_ratio"] - 1) < 0.01 and report["mean_kl"] < 1e-3
     assert report["greedy_agreement"] > 0.1
     assert q["size"]["ratio"] < 1
-    # The embedding and the (untied) LM head are stored block-wise; no float table is left.
+
+
+def test_embedding_and_lm_head_are_stored_block_wise(quantized: tuple[Path, str, str | None, str]) -> None:
+    """The embedding and the (untied) LM head are stored block-wise; no float table is left."""
+    out = quantized[0]
+    q = read_manifest(out).quantization
+    assert q is not None
     vocab = q["vocab"]
     assert vocab["embedding"] == "GatherBlockQuantized" and vocab["lm_head"] == "MatMulNBits"
     assert vocab["bits"] == 8 and not vocab["tied"]
     assert vocab["bytes"] < vocab["parent_bytes"] / 3
+    graph = onnx.load(str(out / "model.onnx"))
+    op_types = {n.op_type for n in graph.graph.node}
     assert {"GatherBlockQuantized", "MatMulNBits"} <= op_types and "Gather" not in _ops_on_weights(graph)
 
 
@@ -147,56 +173,6 @@ def test_calibration_feeds_cover_decode_with_real_states(jamba_onnx: Path, llama
                 assert f["position_ids"].tolist() == [[past]]
         prompt = feeds[0]
         assert all(not np.any(prompt[s.name]) for s in model.manifest.pasts)
-
-
-def test_default_exclusions_and_overrides(jamba_onnx: Path) -> None:
-    graph = onnx.load(str(jamba_onnx / "model.onnx")).graph
-    default = select_nodes(graph, QuantConfig())
-    kept = set(default.excluded)
-    assert {"/model/layers.0/mixer/dt_proj/MatMul", "/model/layers.1/ffn/router/MatMul"} <= kept
-    assert "/model/layers.1/mixer/MatMul" in kept  # attention over the KV cache: no constant weight
-    assert "/model/layers.0/mixer/in_proj/MatMul" in default.quantize
-    assert default.vocab == ["/model/embed_tokens/Gather", "/lm_head/MatMul"]
-    assert not set(default.vocab) & set(default.quantize)
-    forced = select_nodes(
-        graph, QuantConfig(include=("*/dt_proj/*",), exclude=("*/in_proj/*", "/lm_head/*", "*/embed_tokens/*"))
-    )
-    assert "/model/layers.0/mixer/dt_proj/MatMul" in forced.quantize
-    assert "/model/layers.0/mixer/in_proj/MatMul" in forced.excluded
-    assert forced.vocab == [] and {"/lm_head/MatMul", "/model/embed_tokens/Gather"} <= set(forced.excluded)
-    # int8-static keeps the inputs of out_proj and down_proj float (their weights still int8).
-    static = select_nodes(graph, QuantConfig(mode="int8-static"))
-    assert "/model/layers.0/mixer/out_proj/MatMul" in static.float_activations
-    assert "/model/layers.0/mixer/out_proj/MatMul" not in static.static
-    assert "/model/layers.0/mixer/in_proj/MatMul" in static.static
-    assert select_nodes(graph, QuantConfig(mode="int4")).float_activations == {}  # weight-only anyway
-    only = select_nodes(graph, QuantConfig(mode="int8-static", float_activations=("*/in_proj/*",)))
-    assert set(only.float_activations) == {n for n in only.quantize if "/in_proj/" in n}
-    bare = select_nodes(graph, QuantConfig(keep_float_default=False))
-    assert "/model/layers.0/mixer/dt_proj/MatMul" in bare.quantize
-    assert "/model/layers.1/mixer/MatMul" in bare.excluded  # the state rules hold regardless
-
-
-def test_tied_lm_head_gets_a_private_weight() -> None:
-    """A weight tied to the embedding reaches lm_head through a Transpose, which every
-    onnxruntime quantizer skips as a non-constant weight."""
-    emb = np.arange(12, dtype=np.float32).reshape(4, 3)
-    graph = helper.make_graph(
-        [
-            helper.make_node("Gather", ["emb", "ids"], ["h"], name="/model/embed_tokens/Gather"),
-            helper.make_node("Transpose", ["emb"], ["embT"], name="/lm_head/Transpose", perm=[1, 0]),
-            helper.make_node("MatMul", ["h", "embT"], ["logits"], name="/lm_head/MatMul"),
-        ],
-        "tied",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 2])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 2, 4])],
-        [numpy_helper.from_array(emb, "emb")],
-    )
-    assert give_private_weights(graph, ["/lm_head/MatMul"]) == ["/lm_head/MatMul"]
-    matmul = next(n for n in graph.node if n.op_type == "MatMul")
-    weight = next(t for t in graph.initializer if t.name == matmul.input[1])
-    np.testing.assert_array_equal(numpy_helper.to_array(weight), emb.T)
-    assert [n.op_type for n in graph.node] == ["Gather", "MatMul"]
 
 
 def test_cli_quantize_then_generate(
@@ -271,84 +247,6 @@ def test_external_data_stays_external(jamba_onnx: Path, text_file: Path, tmp_pat
     assert _greedy(out) == _greedy(out)
 
 
-def _tied_graph(vocab: int = 64, hidden: int = 32) -> tuple[onnx.GraphProto, np.ndarray]:
-    table = np.random.default_rng(0).standard_normal((vocab, hidden)).astype(np.float32)
-    graph = helper.make_graph(
-        [
-            helper.make_node("Gather", ["emb", "input_ids"], ["h"], name="/model/embed_tokens/Gather"),
-            helper.make_node("Transpose", ["emb"], ["embT"], name="/lm_head/Transpose", perm=[1, 0]),
-            helper.make_node("MatMul", ["h", "embT"], ["logits"], name="/lm_head/MatMul"),
-        ],
-        "tied",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", vocab])],
-        [numpy_helper.from_array(table, "emb")],
-    )
-    return graph, table
-
-
-def _run_graph(graph: onnx.GraphProto, ids: np.ndarray) -> np.ndarray:
-    import onnxruntime as ort
-
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)]
-    )
-    model.ir_version = 10
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, {"input_ids": ids})[0]
-
-
-def _dequantize(packed: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
-    """[vocab, k_blocks, blob] symmetric blocks (zero point 2^(bits-1)) -> [vocab, hidden]."""
-    if bits == 4:
-        values = np.stack([packed & 15, packed >> 4], axis=-1).reshape(*packed.shape[:2], -1)
-    else:
-        values = packed
-    return ((values.astype(np.float32) - 2 ** (bits - 1)) * scales[..., None]).reshape(packed.shape[0], -1)
-
-
-@pytest.mark.parametrize("bits", [4, 8])
-def test_tied_embedding_and_lm_head_share_one_quantized_table(bits: int) -> None:
-    from hybridrt.quantization.vocab import find_vocab_nodes, quantize_vocab
-
-    graph, table = _tied_graph()
-    ids = np.array([[0, 5, 63], [7, 7, 1]], dtype=np.int64)
-    nodes = find_vocab_nodes(graph)
-    assert nodes.tied and nodes.gather == "/model/embed_tokens/Gather" and nodes.head == "/lm_head/MatMul"
-    record = quantize_vocab(graph, nodes, set(nodes.names), bits, 32, accuracy_level=0)
-    assert record["shared"] and record["embedding"] == "GatherBlockQuantized" and record["lm_head"] == "MatMulNBits"
-    gbq = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
-    head = next(n for n in graph.node if n.op_type == "MatMulNBits")
-    assert gbq.input[0] == head.input[1]  # one tensor for both
-    assert not any(t.data_type == TensorProto.FLOAT and t.name == "emb" for t in graph.initializer)
-    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    dequantized = _dequantize(inits[head.input[1]], inits[head.input[2]], bits)
-    assert record["bytes"] < record["parent_bytes"] / (3 if bits == 8 else 5)
-    # The graph computes exactly with the dequantized table, and that table is the float one
-    # up to one step per block (scale = the block's largest |w| / 2^(bits-1); the largest
-    # value of the other sign may clip by one step, every other value rounds to half a step).
-    expected = np.einsum("bsh,vh->bsv", dequantized[ids], dequantized)
-    np.testing.assert_allclose(_run_graph(graph, ids), expected, rtol=1e-4, atol=1e-4)
-    step = np.abs(table).reshape(64, -1, 32).max(-1, keepdims=True) / 2 ** (bits - 1)
-    error = np.abs(dequantized - table).reshape(64, -1, 32)
-    assert np.all(error <= step * 1.0001) and np.mean(error <= step / 2 + 1e-6) > 0.99
-
-
-def test_lm_head_alone_keeps_the_float_embedding() -> None:
-    from hybridrt.quantization.vocab import find_vocab_nodes, quantize_vocab
-
-    graph, table = _tied_graph()
-    ids = np.array([[3, 4]], dtype=np.int64)
-    float_logits = _run_graph(graph, ids)
-    nodes = find_vocab_nodes(graph)
-    record = quantize_vocab(graph, nodes, {"/lm_head/MatMul"}, 8, 32, accuracy_level=0)
-    assert record["embedding"] is None and record["lm_head"] == "MatMulNBits" and not record["shared"]
-    assert [n.op_type for n in graph.node] == ["Gather", "MatMulNBits"]
-    assert record["bytes"] > table.nbytes  # the float table stays for the Gather
-    # 8-bit blocks: each logit within 1% of the largest one (measured: 0.3%).
-    assert np.abs(_run_graph(graph, ids) - float_logits).max() <= 0.01 * np.abs(float_logits).max()
-
-
 def test_tied_model_end_to_end(text_file: Path, tmp_path: Path) -> None:
     """A tied checkpoint exported and quantized: one 4-bit table, a fifth of the float bytes."""
     from checkpoints import make_llama
@@ -383,33 +281,3 @@ def test_bench_compares_float_and_quantized(
     assert lines[2].split()[1:4] == ["float", f"{rows[0]['graph_bytes'] / 1e6:.1f}", "1.00x"]
     assert main([*args, "--repeats", "0"]) == 2
     assert "--repeats must be >= 1" in capsys.readouterr().err
-
-
-def test_scaled_untied_head_is_found() -> None:
-    """Granite divides the logits by logits_scaling: the head MatMul does not write `logits`."""
-    from hybridrt.quantization.vocab import find_vocab_nodes
-
-    rng = np.random.default_rng(0)
-    graph = helper.make_graph(
-        [
-            helper.make_node("Gather", ["emb", "input_ids"], ["h"], name="/model/embed_tokens/Gather"),
-            helper.make_node("MatMul", ["h", "head"], ["raw"], name="/lm_head/MatMul"),
-            helper.make_node("Div", ["raw", "scale"], ["logits"], name="/Div"),
-        ],
-        "scaled",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", 64])],
-        [
-            numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "emb"),
-            numpy_helper.from_array(rng.standard_normal((32, 64)).astype(np.float32), "head"),
-            numpy_helper.from_array(np.array(8.0, np.float32), "scale"),
-        ],
-    )
-    nodes = find_vocab_nodes(graph)
-    assert (nodes.gather, nodes.table, nodes.head, nodes.head_weight, nodes.tied) == (
-        "/model/embed_tokens/Gather",
-        "emb",
-        "/lm_head/MatMul",
-        "head",
-        False,
-    )

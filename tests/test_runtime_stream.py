@@ -38,3 +38,16 @@ def test_stream_with_stop_string(jamba_onnx: Path) -> None:
     out = model.generate([5, 17, 42], max_new_tokens=40, eos_token_id=[], stop_strings=stop)
     assert out == full[: len(out)]
     assert stop in decode(model.tokenizer, out) and stop not in decode(model.tokenizer, out[:-1])
+
+
+def test_stream_carries_its_generation_stats(jamba_onnx: Path) -> None:
+    """Statistics belong to the call that made them (they were read from a shared `last_stats`)."""
+    model = hybridrt.load(jamba_onnx)
+    stream = model.stream([5, 17, 42], max_new_tokens=6, min_new_tokens=6)
+    assert stream.stats.new_tokens == 0
+    text = "".join(stream)
+    assert stream.stats.new_tokens == 6 and stream.stats.prompt_tokens == 3
+    assert stream.stats.prefill_ms > 0 and stream.stats.decode_tokens == 5
+    ids, stats = model.generate_with_stats([[5, 17, 42], [8]], max_new_tokens=6, min_new_tokens=6, eos_token_id=[])
+    assert stats.tokens == ids and stats.prompt_tokens == 4 and stats.new_tokens == 12
+    assert text == decode(model.tokenizer, model.generate([5, 17, 42], max_new_tokens=6, min_new_tokens=6))

@@ -10,7 +10,7 @@ CODE = """
 import sys
 sys.modules["torch"] = None  # any `import torch` now raises ImportError
 import hybridrt
-import hybridrt.graphs.inspect, hybridrt.runtime.default
+import hybridrt.graphs.inspect, hybridrt.default_model
 model = hybridrt.load(sys.argv[1])
 assert len(model.generate([5, 6, 7], max_new_tokens=4)) == 4
 assert isinstance(model.generate(["def", "class Stack"], max_new_tokens=4)[1], str)

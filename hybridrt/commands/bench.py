@@ -68,9 +68,7 @@ def bench(directories: list[Path], args: argparse.Namespace) -> list[dict[str, A
     tokens: list[Any] = [None] * len(models)
     for _ in range(args.repeats):
         for i, model in enumerate(models):
-            tokens[i] = model.generate(rows, **settings)
-            stats = model.last_stats
-            assert stats is not None
+            tokens[i], stats = model.generate_with_stats(rows, **settings)
             runs[i].append((stats.prefill_ms, stats.decode_tokens_per_s))  # all rows together
     results = []
     for directory, model, r, out in zip(directories, models, runs, tokens):

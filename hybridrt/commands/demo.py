@@ -22,9 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..models.default import ensure_default_export
+    from ..default_model import cached_export_dir, ensure_exported
     from ..runtime import load
-    from ..runtime.default import cached_export_dir
     from .common import stage
 
     t0 = time.perf_counter()
@@ -34,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
         shutil.rmtree(cached_export_dir())
     say("[1/4] export: default model -> ONNX")
-    directory, fresh = ensure_default_export(lambda msg: say(f"      {msg}"))
+    directory, fresh = ensure_exported(lambda msg: say(f"      {msg}"))
     say(f"      {'exported to' if fresh else 'cached at'} {directory}")
     from ..graphs.manifest import read_manifest
 
@@ -56,12 +55,12 @@ def run(args: argparse.Namespace) -> int:
     bos = model.manifest.special_tokens.get("bos_token_id")
     ids = ([bos] if bos is not None else []) + ids
     kwargs = {"max_new_tokens": args.max_new_tokens, "repetition_penalty": args.repetition_penalty}
-    for piece in model.stream(ids, do_sample=False, **kwargs):
+    stream = model.stream(ids, do_sample=False, **kwargs)
+    for piece in stream:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
-    stats = model.last_stats
-    assert stats is not None
+    stats = stream.stats
     say(
         f"{stats.new_tokens} tokens: prefill {stats.prompt_tokens} tokens in {stats.prefill_ms:.1f} ms, "
         f"decode {stats.decode_tokens_per_s:.1f} tokens/s"

@@ -22,11 +22,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..export import export
+    from .. import export_model
     from ..graphs.inspect import describe
 
     t0 = time.perf_counter()
-    manifest = export(
+    manifest = export_model(
         args.src,
         args.output,
         format=args.format,

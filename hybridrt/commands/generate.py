@@ -42,14 +42,15 @@ def run(args: argparse.Namespace) -> int:
     }
     kwargs["stop_strings"] = args.stop_strings
     if args.no_stream:
-        print(model.generate(args.prompt, **kwargs))
+        text, stats = model.generate_with_stats(args.prompt, **kwargs)
+        print(text)
     else:
-        for piece in model.stream(args.prompt, **kwargs):
+        stream = model.stream(args.prompt, **kwargs)
+        for piece in stream:
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
-    stats = model.last_stats
-    assert stats is not None
+        stats = stream.stats
     print(
         f"{stats.new_tokens} tokens on {', '.join(model.providers)}: prefill {stats.prompt_tokens} tokens in "
         f"{stats.prefill_ms:.1f} ms, decode {stats.decode_tokens_per_s:.1f} tokens/s",

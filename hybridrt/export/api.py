@@ -1,16 +1,13 @@
 """`export(src, out)`: checkpoint directory in, self-describing graph directory out.
 
-Writing is atomic: everything goes to a temporary directory beside `out`, which is renamed
-into place only once the graph is written, validated and described.
+Writing is atomic (graphs.files.atomic_directory): `out` appears only once the graph is
+written, validated and described.
 """
 
 from __future__ import annotations
 
-import os
 import platform
 import resource
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,10 +15,11 @@ from typing import Any
 
 import torch
 
-from .. import __version__
+from .._version import __version__
 from ..errors import ExportError
 from ..graphs.contract import input_specs, output_specs
-from ..graphs.manifest import GRAPH_FILES, TOKENIZER_FILES, Manifest
+from ..graphs.files import atomic_directory, copy_tokenizer
+from ..graphs.manifest import GRAPH_FILES, Manifest
 from ..models.checkpoint import load_model
 from ..models.model import HybridForCausalLM
 from .trace import GraphModule, dynamic_shapes, example_inputs
@@ -39,38 +37,27 @@ def export(
     fused_ops: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> Manifest:
-    """Export a Hugging Face checkpoint directory (or "default") to `out`; returns the manifest.
+    """Export a Hugging Face checkpoint directory to `out`; returns the manifest.
 
     fused_ops: in ONNX, run each Mamba recurrence as one onnxruntime `com.microsoft` node;
     False keeps standard ONNX operators only (a chunked scan), for other ONNX runtimes.
     """
-    from ..models.default import resolve_source
-
     say = progress or (lambda msg: None)
     if format not in FORMATS:
         raise ExportError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     out = Path(out)
     if out.exists() and not force:
         raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
-    src = resolve_source(src)
+    src = Path(src)
     t0 = time.perf_counter()
     say(f"loading {src}")
     model, hf = load_model(src)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out) as tmp:
         manifest = _write(model, hf, src, tmp, format, validate, say, fused_ops)
         manifest.provenance["export_seconds"] = round(time.perf_counter() - t0, 2)
         manifest.provenance["export_peak_rss_mb"] = round(_peak_rss_mb(), 1)
         manifest.record_files(tmp)
         manifest.write(tmp)
-        _normal_permissions(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     say(f"wrote {out}")
     return manifest
 
@@ -111,9 +98,7 @@ def _write(
                 from .onnx_export import to_onnx
 
                 to_onnx(program, module, graph_path)
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, tmp / name)
+    copy_tokenizer(src, tmp)
     manifest = _manifest(model, hf, src, format)
     manifest.provenance["fused_ops"] = format == "onnx" and fused_ops
     if validate:
@@ -169,15 +154,6 @@ def _manifest(model: HybridForCausalLM, hf: dict[str, Any], src: Path, format: s
         vocab_size=cfg.vocab_size,
         provenance=provenance,
     )
-
-
-def _normal_permissions(directory: Path) -> None:
-    """mkdtemp creates 0700 and some writers 0600; the result is an ordinary directory."""
-    umask = os.umask(0)
-    os.umask(umask)
-    directory.chmod(0o777 & ~umask)
-    for path in directory.iterdir():
-        path.chmod(0o666 & ~umask)
 
 
 def _peak_rss_mb() -> float:

@@ -19,11 +19,11 @@ import torch
 import torch.fx.experimental._config
 
 from ..graphs.contract import input_specs, output_specs
+from ..graphs.files import save_onnx
 from ..models.ops import fused_ops, onnx_translations
 from .trace import GraphModule
 
 OPSET = 20
-IR_VERSION = 10  # onnxruntime 1.2x-1.3x load up to IR 11-13; onnx 1.23 would write 14
 EXTERNAL_DATA_THRESHOLD = 1 << 30  # bytes of parameters above which weights go to model.onnx.data
 
 
@@ -68,18 +68,9 @@ def to_onnx(program: torch.export.ExportedProgram, module: GraphModule, path: Pa
     model = onnx_program.model_proto
     _name_dims(model, {s.name: s.dims for s in ins + outs})
     _name_nodes(model)
-    model.ir_version = IR_VERSION
     model.producer_name = "hybridrt"
     n_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
-    external = n_bytes > EXTERNAL_DATA_THRESHOLD
-    onnx.save_model(
-        model,
-        str(path),
-        save_as_external_data=external,
-        all_tensors_to_one_file=True,
-        location=path.name + ".data",
-        size_threshold=1024,
-    )
+    save_onnx(model, path, external=n_bytes > EXTERNAL_DATA_THRESHOLD)
     onnx.checker.check_model(str(path))
     return model
 

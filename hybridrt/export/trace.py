@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..graphs.contract import input_specs
+from ..graphs.contract import input_specs, past_specs
+from ..graphs.feeds import graph_feeds
 from ..models.model import HybridForCausalLM
 from ..models.state import zero_states
 
@@ -23,7 +24,7 @@ class GraphModule(nn.Module):
     def __init__(self, model: HybridForCausalLM) -> None:
         super().__init__()
         self.model = model
-        self.uses_positions = model.config.rope_theta is not None
+        self.uses_positions = model.config.uses_positions
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *rest: torch.Tensor):  # type: ignore[no-untyped-def]
         position_ids = rest[0] if self.uses_positions else None
@@ -35,17 +36,11 @@ class GraphModule(nn.Module):
 def feeds(
     model: HybridForCausalLM, ids: torch.Tensor, mask: torch.Tensor, states: list[torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
-    """Positional inputs of GraphModule; position ids follow the padding mask."""
-    args: list[torch.Tensor] = [ids, mask]
-    if model.config.rope_theta is not None:
-        args.append(position_ids(mask, ids.shape[1]))
-    return tuple(args + states)
-
-
-def position_ids(mask: torch.Tensor, seq: int) -> torch.Tensor:
-    """Positions count tokens only, so left padding does not shift them (as transformers)."""
-    pos = mask.long().cumsum(-1) - 1
-    return pos.clamp(min=0)[:, mask.shape[1] - seq :]
+    """Positional inputs of GraphModule, in contract order, as graphs.feeds builds them."""
+    specs = input_specs(model.config)
+    pasts = {s.name: x for s, x in zip(past_specs(model.config), states)}
+    named = graph_feeds(specs, ids.numpy(), mask.long().numpy(), pasts)
+    return tuple(torch.as_tensor(named[s.name]) for s in specs)
 
 
 def example_inputs(model: HybridForCausalLM, seq: int = EXAMPLE_SEQ) -> tuple[torch.Tensor, ...]:

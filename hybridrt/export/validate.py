@@ -51,7 +51,7 @@ def torch_runner(fn: Callable[..., Any]) -> Runner:
 def _reference(model: HybridForCausalLM) -> Runner:
     def run(args: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
         with torch.no_grad():
-            n_fixed = 3 if model.config.rope_theta is not None else 2
+            n_fixed = 3 if model.config.uses_positions else 2
             pos = args[2] if n_fixed == 3 else None
             logits, states = model(args[0], args[1], pos, list(args[n_fixed:]))
         return [logits.numpy()] + [s.numpy() for s in states]

@@ -18,10 +18,9 @@ A fresh sequence starts from zeros and a past of length 0.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ..models.config import HybridConfig as ConfigLike
+from ..config import HybridConfig
 
 Dim = str | int
 
@@ -49,7 +48,7 @@ class TensorSpec:
         return cls(d["name"], tuple(d["dims"]), d["dtype"], d["kind"], d.get("layer"))
 
 
-def _layer_states(cfg: ConfigLike, i: int, kind: str, prefix: str, length: str) -> list[TensorSpec]:
+def _layer_states(cfg: HybridConfig, i: int, kind: str, prefix: str, length: str) -> list[TensorSpec]:
     if kind == "attention":
         dims: tuple[Dim, ...] = ("batch", cfg.num_key_value_heads, length, cfg.attn_head_dim)
         return [TensorSpec(f"{prefix}.{i}.{s}", dims, "float32", s, i) for s in ("key", "value")]
@@ -71,25 +70,25 @@ def _layer_states(cfg: ConfigLike, i: int, kind: str, prefix: str, length: str) 
     raise ValueError(f"no state contract for mixer kind {kind!r}")
 
 
-def past_specs(cfg: ConfigLike) -> list[TensorSpec]:
+def past_specs(cfg: HybridConfig) -> list[TensorSpec]:
     return [s for i, k in enumerate(cfg.layer_types) for s in _layer_states(cfg, i, k, "past", "past_len")]
 
 
-def present_specs(cfg: ConfigLike) -> list[TensorSpec]:
+def present_specs(cfg: HybridConfig) -> list[TensorSpec]:
     return [s for i, k in enumerate(cfg.layer_types) for s in _layer_states(cfg, i, k, "present", "total_len")]
 
 
-def input_specs(cfg: ConfigLike) -> list[TensorSpec]:
+def input_specs(cfg: HybridConfig) -> list[TensorSpec]:
     specs = [
         TensorSpec("input_ids", ("batch", "seq"), "int64", "input_ids"),
         TensorSpec("attention_mask", ("batch", "total_len"), "int64", "attention_mask"),
     ]
-    if cfg.rope_theta is not None:
+    if cfg.uses_positions:
         specs.append(TensorSpec("position_ids", ("batch", "seq"), "int64", "position_ids"))
     return specs + past_specs(cfg)
 
 
-def output_specs(cfg: ConfigLike) -> list[TensorSpec]:
+def output_specs(cfg: HybridConfig) -> list[TensorSpec]:
     return [TensorSpec("logits", ("batch", "seq", cfg.vocab_size), "float32", "logits")] + present_specs(cfg)
 
 

@@ -13,8 +13,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from ..config import HybridConfig
 from ..errors import CheckpointError
-from .config import HybridConfig
+from . import families  # noqa: F401  (registers the built-in families)
 from .model import HybridForCausalLM
 from .registry import Family, get_family
 

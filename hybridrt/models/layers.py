@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from .config import HybridConfig
+from ..config import HybridConfig
 
 
 class RMSNorm(nn.Module):

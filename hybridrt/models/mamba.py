@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import HybridConfig
+from ..config import HybridConfig
 from .layers import RMSNorm
 from .ops import selective_scan
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import HybridConfig
+from ..config import HybridConfig
 from .mamba import causal_conv
 from .ops import ssd_scan
 

@@ -12,7 +12,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from .config import HybridConfig
+from ..config import HybridConfig
 from .layers import MLP, Attention, MoE, RMSNorm, attention_bias, rope_cos_sin, rope_inv_freq
 from .mamba import MambaMixer
 from .mamba2 import Mamba2Mixer
@@ -67,7 +67,7 @@ class HybridForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.inv_freq: torch.Tensor | None
-        if cfg.rope_theta is not None:
+        if cfg.uses_positions:
             self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         else:
             self.inv_freq = None

@@ -1,7 +1,7 @@
 """Architecture registry: `model_type` -> config translator and weight-name mapping.
 
 A family is an addition here (a module under `families/` that calls `register`), never an
-edit of shared code. Torch-free, so that the list of supported types is cheap to show.
+edit of shared code. Torch-free: translating a config needs no model code.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import HybridConfig
 from ..errors import UnsupportedArchitectureError
-from .config import HybridConfig
 
 
 @dataclass(frozen=True)
@@ -46,21 +46,12 @@ def register(family: Family) -> Family:
 
 
 def get_family(model_type: str | None) -> Family:
-    _load_builtin_families()
+    """The registered family; `hybridrt.models.families` registers the built-in ones on import."""
     if model_type not in FAMILIES:
         raise UnsupportedArchitectureError(
             f"unsupported model_type {model_type!r}; supported: {', '.join(sorted(FAMILIES))}"
         )
     return FAMILIES[model_type]
-
-
-def supported_model_types() -> list[str]:
-    _load_builtin_families()
-    return sorted(FAMILIES)
-
-
-def _load_builtin_families() -> None:
-    from .families import bamba, falcon_mamba, granitemoehybrid, jamba, lfm2, llama, mamba, mamba2  # noqa: F401  (registration on import)
 
 
 # Helpers shared by translators -------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import HybridConfig
+from ..config import HybridConfig
 from .layers import MoE, activation
 
 

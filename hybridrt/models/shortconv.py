@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import HybridConfig
+from ..config import HybridConfig
 from .mamba import causal_conv
 
 

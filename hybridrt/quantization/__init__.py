@@ -3,15 +3,24 @@
 Modes: int8-static (QDQ, calibrated on text through prompt, chunk and decode-step feeds),
 int8-dynamic, int4 and int8-weight (MatMulNBits: rtn, hqq, gptq). The result is an
 ordinary hybridrt directory whose manifest carries a quality report against the float
-parent. Importing this package is light; onnxruntime.quantization loads on first use.
+parent. Importing this package is light; `quantize` (hybridrt.quantization.api.quantize)
+and onnxruntime.quantization load on first use.
+
+By file: methods.py calls onnxruntime.quantization's quantizers; rewrites.py holds hybridrt's
+own graph rewrites around them; selection.py decides what is quantized, calibration.py
+feeds the calibrators, report.py measures the result, api.py runs the steps.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .config import ALGOS, CALIB_METHODS, MODES, QuantConfig, QuantizationError
+from ..errors import QuantizationError
+from .config import ALGOS, CALIB_METHODS, MODES, QuantConfig
 from .selection import DEFAULT_KEEP_FLOAT, KeepFloat
+
+if TYPE_CHECKING:
+    from .api import quantize
 
 __all__ = [
     "ALGOS",
@@ -25,8 +34,11 @@ __all__ = [
 ]
 
 
-def quantize(src: Any, out: Any, mode: str = "int8-static", **kwargs: Any) -> Any:
-    """Quantize an exported ONNX directory (see hybridrt.quantization.api.quantize)."""
-    from .api import quantize as _quantize
+def __getattr__(name: str) -> Any:
+    # `quantize` is the api module's function itself (its signature and docstring), loaded
+    # on first use so that importing the package stays light.
+    if name == "quantize":
+        from .api import quantize
 
-    return _quantize(src, out, mode, **kwargs)
+        return quantize
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,29 +4,28 @@ The output is an ordinary hybridrt directory (model.onnx, tokenizer, hybridrt.js
 hybridrt.load and `hybridrt generate` run unchanged; its manifest's `quantization` records
 the mode, the nodes kept float and the quality report against the float parent.
 
-Writing is atomic, as for export: everything goes to a temporary directory beside `out`,
-renamed into place only once the graph is written, reloaded, measured and within the
-gates. On any error nothing is written.
+Writing is atomic, as for export (graphs.files.atomic_directory): `out` appears only once
+the graph is written, reloaded, measured and within the gates. On any error nothing is
+written.
 """
 
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..graphs.manifest import TOKENIZER_FILES, Manifest, read_manifest
+from .._version import __version__
+from ..errors import QuantizationError
+from ..graphs.files import atomic_directory, copy_tokenizer, save_onnx
+from ..graphs.manifest import Manifest, read_manifest
+from . import methods, rewrites
 from .calibration import CalibrationReader, calibration_feeds, head, read_texts, split_text
-from .config import WEIGHT_BITS, QuantConfig, QuantizationError
+from .config import INT8_BLOCK, WEIGHT_BITS, QuantConfig
 from .report import finite, quality_report
-from .selection import Selection, give_private_weights, select_nodes
-from .vocab import INT8_BLOCK, quantize_vocab
-
-IR_VERSION = 10  # onnx 1.23 writes IR 14 by default; onnxruntime loads up to 11-13
+from .selection import NodeSelection, select_nodes
 
 
 def quantize(
@@ -47,20 +46,15 @@ def quantize(
       held-out text of the quality report.
     eval_text: a text file to measure the quality report on.
     options: QuantConfig fields (algo, block_size, calib_method, samples, seq_len,
-      exclude, include, keep_float_default, max_ppl_ratio, ...).
+      exclude, include, keep_float_default, max_ppl_ratio, ...); an unknown one is an error.
     """
     from ..runtime import load
 
     say = progress or (lambda msg: None)
     cfg = QuantConfig.from_kwargs(mode=mode, **options)
     src, out = Path(src), Path(out)
-    parent_manifest = _check_parent(src)
-    if out.exists() and not force:
-        raise QuantizationError(f"output directory {out} already exists; pass --force (force=True) to replace it")
-    if out.resolve() == src.resolve():
-        raise QuantizationError("the output directory is the model's own directory; choose another")
+    parent_manifest = _check_paths(src, out, force)
     texts, eval_texts = _read_inputs(cfg, calibration, eval_text)
-
     t0 = time.perf_counter()
     parent = load(src, "cpu")
     if parent.tokenizer is None:
@@ -68,39 +62,39 @@ def quantize(
     reader, held_out = _calibrate(parent, cfg, texts, eval_texts, say)
     model, external = _load_graph(src / parent_manifest.graph_file)
     selection = select_nodes(model.graph, cfg)
-    give_private_weights(model.graph, selection.quantize)
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    rewrites.give_private_weights(model.graph, selection.quantize)
+    with atomic_directory(out) as tmp:
         label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
         say(f"quantizing {len(selection.quantize)} nodes ({label})")
         quantized = _run(model, cfg, selection, reader, tmp, external)
         vocab = _quantize_vocab(quantized.graph, cfg, selection)
-        _save(quantized, tmp / parent_manifest.graph_file, external)
-        for name in TOKENIZER_FILES:
-            if (src / name).is_file():
-                shutil.copy2(src / name, tmp / name)
+        save_onnx(quantized, tmp / parent_manifest.graph_file, external)
+        copy_tokenizer(src, tmp)
         evaluation = {"source": str(eval_text or "held-out calibration text"), "chars": len(held_out)}
         manifest = _manifest(parent_manifest, src, cfg, selection, reader, evaluation)
-        assert manifest.quantization is not None
-        manifest.quantization["vocab"] = vocab
+        manifest.quantization = (manifest.quantization or {}) | {"vocab": vocab}
         manifest.record_files(tmp)
         manifest.write(tmp)
         say("measuring quality against the float model")
         report = quality_report(parent, load(tmp, "cpu"), held_out, cfg)
         _gate(report, cfg)
-        record = manifest.quantization or {}
-        record |= {"report": report, "size": _sizes(src, tmp, parent_manifest.graph_file)}
-        record["seconds"] = round(time.perf_counter() - t0, 2)
+        manifest.quantization |= {
+            "report": report,
+            "size": _sizes(src, tmp, parent_manifest.graph_file),
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
         manifest.write(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     say(f"wrote {out}")
+    return manifest
+
+
+def _check_paths(src: Path, out: Path, force: bool) -> Manifest:
+    """The parent's manifest, once src is a float ONNX directory and out may be written."""
+    manifest = _check_parent(src)
+    if out.exists() and not force:
+        raise QuantizationError(f"output directory {out} already exists; pass --force (force=True) to replace it")
+    if out.resolve() == src.resolve():
+        raise QuantizationError("the output directory is the model's own directory; choose another")
     return manifest
 
 
@@ -162,60 +156,56 @@ def _check_parent(src: Path) -> Manifest:
 
 
 def _run(
-    model: Any, cfg: QuantConfig, selection: Selection, reader: CalibrationReader | None, tmp: Path, external: bool
+    model: Any, cfg: QuantConfig, selection: NodeSelection, reader: CalibrationReader | None, tmp: Path, external: bool
 ) -> Any:
-    from . import methods
-
+    """The mode's quantizer over the selected linear layers (the vocabulary comes after)."""
     if not selection.quantize:
         if not selection.vocab:
             raise QuantizationError("no node is left to quantize after the exclusions; check --exclude/--include")
-        return model  # only the embedding / LM head: vocab.py does it all
+        return model  # only the embedding / LM head: rewrites.quantize_vocab does it all
     work = tmp / ".work"
     work.mkdir()
     try:
         if cfg.mode == "int8-static":
             assert reader is not None
-            if selection.static:
-                model = methods.int8_static(model, work, selection.static, reader, cfg.calib_method, external)
-            if selection.float_activations:  # int8 weights, float activations (selection.py)
-                nodes = list(selection.float_activations)
-                model = methods.weight_only(model, 8, "rtn", INT8_BLOCK, nodes, None, cfg.accuracy_level)
-            return model
+            return _int8_static(model, cfg, selection, reader, work, external)
         if cfg.mode == "int8-dynamic":
             return methods.int8_dynamic(model, work, selection.quantize, external)
         bits, algo = WEIGHT_BITS[cfg.mode], cfg.resolved_algo or "rtn"
-        return methods.weight_only(model, bits, algo, cfg.block_size, selection.quantize, reader, cfg.accuracy_level)
+        model = methods.weight_only(model, bits, algo, cfg.block_size, selection.quantize, reader)
+        return rewrites.set_accuracy_level(model, cfg.accuracy_level)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _quantize_vocab(graph: Any, cfg: QuantConfig, selection: Selection) -> dict[str, Any]:
-    """The embedding and LM head, block-wise at the mode's weight bits (see vocab.py)."""
+def _int8_static(
+    model: Any, cfg: QuantConfig, selection: NodeSelection, reader: CalibrationReader, work: Path, external: bool
+) -> Any:
+    """QDQ on selection.static; 8-bit block-wise weights on the float-activation MatMuls."""
+    if selection.static:
+        model = methods.int8_static(model, work, selection.static, reader, cfg.calib_method, external)
+        rewrites.restore_float_inputs(model.graph, set(selection.static))
+        rewrites.split_shared_quantizers(model.graph)
+    if selection.float_activations:  # int8 weights, float activations (selection.py)
+        nodes = list(selection.float_activations)
+        model = methods.weight_only(model, 8, "rtn", INT8_BLOCK, nodes, None)
+        model = rewrites.set_accuracy_level(model, cfg.accuracy_level)
+    return model
+
+
+def _quantize_vocab(graph: Any, cfg: QuantConfig, selection: NodeSelection) -> dict[str, Any]:
+    """The embedding and LM head, block-wise at cfg.vocab_bits (rewrites.quantize_vocab)."""
     assert selection.vocab_nodes is not None
     bits = cfg.vocab_bits
     block = cfg.block_size if bits == 4 else INT8_BLOCK
-    return quantize_vocab(graph, selection.vocab_nodes, set(selection.vocab), bits, block, cfg.accuracy_level)
-
-
-def _save(model: Any, path: Path, external: bool) -> None:
-    import onnx
-
-    model.ir_version = IR_VERSION
-    onnx.save_model(
-        model,
-        str(path),
-        save_as_external_data=external,
-        all_tensors_to_one_file=True,
-        location=path.name + ".data",
-        size_threshold=1024,
-    )
+    return rewrites.quantize_vocab(graph, selection.vocab_nodes, set(selection.vocab), bits, block, cfg.accuracy_level)
 
 
 def _manifest(
     parent: Manifest,
     src: Path,
     cfg: QuantConfig,
-    selection: Selection,
+    selection: NodeSelection,
     reader: CalibrationReader | None,
     evaluation: dict[str, Any],
 ) -> Manifest:

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
 
+from ..errors import QuantizationError
+from ..graphs.feeds import graph_feeds, zero_states
 from ..graphs.manifest import Manifest
-from ..runtime.state import NUMPY_DTYPES, state_shape
-from .config import QuantizationError
 
 Feed = dict[str, np.ndarray]
 
@@ -98,20 +98,14 @@ class FeedMaker:
 
     def __init__(self, session: Any, manifest: Manifest) -> None:
         self.session = session
+        self.inputs = manifest.inputs
         self.pasts = manifest.pasts
-        self.uses_positions = any(s.name == "position_ids" for s in manifest.inputs)
-        self.zeros = {s.name: np.zeros(state_shape(s, 1), NUMPY_DTYPES[s.dtype]) for s in self.pasts}
+        self.zeros = zero_states(self.pasts, 1)
 
     def feed(self, ids: np.ndarray, states: Feed, past_len: int) -> Feed:
         """ids [s] after past_len tokens whose states are `states` -> one feed."""
-        s = len(ids)
-        feed: Feed = {
-            "input_ids": ids[None, :].astype(np.int64),
-            "attention_mask": np.ones((1, past_len + s), dtype=np.int64),
-        }
-        if self.uses_positions:
-            feed["position_ids"] = np.arange(past_len, past_len + s, dtype=np.int64)[None, :]
-        return feed | states
+        mask = np.ones((1, past_len + len(ids)), dtype=np.int64)
+        return graph_feeds(self.inputs, ids[None, :].astype(np.int64), mask, states)
 
     def advance(self, feed: Feed) -> Feed:
         """Run the float graph; its presents, renamed as the next pasts."""

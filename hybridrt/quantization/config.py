@@ -6,12 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..errors import HybridrtError
-
-
-class QuantizationError(HybridrtError):
-    """Quantization cannot run or its result failed a quality gate; nothing was written."""
-
+from ..errors import QuantizationError
 
 MODES = {
     "int8-static": "int8 weights (per channel) and activations in QDQ format, ranges calibrated on text",
@@ -24,6 +19,11 @@ MODES = {
 ALGOS = {"int4": ("rtn", "hqq", "gptq"), "int8-weight": ("rtn", "gptq")}
 CALIB_METHODS = ("minmax", "entropy", "percentile")
 WEIGHT_BITS = {"int8-static": 8, "int8-dynamic": 8, "int4": 4, "int8-weight": 8}
+# The operators every mode quantizes (the linear layers), besides the vocabulary matrices.
+QUANTIZED_OP_TYPES = ("MatMul",)
+# Weights per scale of 8-bit block-wise weights that no --block-size governs (the vocabulary
+# matrices, int8-static's float-activation MatMuls): a float scale per 128 weights costs 3%.
+INT8_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class QuantConfig:
     # MatMulNBits compute precision: 4 quantizes activations to int8 on the fly (the fast
     # integer CPU kernels); 0 dequantizes weights to float (slower, slightly more exact).
     accuracy_level: int = 4
-    # Bits of the embedding table and LM head (vocab.py). 8 in every mode: on the default
+    # Bits of the embedding table and LM head (rewrites.quantize_vocab). 8 in every mode: on the default
     # model a 4-bit LM head tripled the mean KL of int4 (9.6e-3 vs 3.1e-3) for 8% of its size.
     vocab_bits: int = 8
     max_ppl_ratio: float | None = None

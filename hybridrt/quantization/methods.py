@@ -1,5 +1,5 @@
-"""The quantizers. onnxruntime.quantization does the work; this module picks its options for
-hybridrt graphs and works around what it cannot do with them:
+"""The calls into onnxruntime.quantization, with the options picked for hybridrt graphs; the
+graph rewrites that hybridrt adds around them live in rewrites.py. What they cannot do here:
 
 - quant_pre_process is not used: its symbolic shape inference cannot relate the contract's
   dims (it stops at "Cannot determine if -seq + total_len < 0" and raises "Incomplete
@@ -15,7 +15,7 @@ hybridrt graphs and works around what it cannot do with them:
   int8-weight GPTQ re-quantizes those with the 8-bit RTN quantizer, as onnxruntime's 4-bit
   GPTQ path does internally with its own grid.
 - QDQ hands every consumer of a quantized activation the dequantized tensor, also the
-  float ones (the scan's input in a Mamba mixer); restore_float_inputs undoes that.
+  float ones (the scan's input in a Mamba mixer); rewrites.restore_float_inputs undoes that.
 - quantize_static's entropy and percentile calibrators stack every collected output into
   one array, which fails on feeds of different lengths (prompt, chunk, decode step); its
   strided collection, one feed at a time, merges histograms instead.
@@ -31,11 +31,15 @@ import logging
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .calibration import CalibrationReader
-from .config import QuantizationError
-from .selection import QUANTIZED_OP_TYPES
+import numpy as np
+
+from ..errors import QuantizationError
+from .config import QUANTIZED_OP_TYPES
+
+if TYPE_CHECKING:  # calibration imports onnxruntime.quantization, which this module loads on first use
+    from .calibration import CalibrationReader
 
 CALIBRATION_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 
@@ -86,78 +90,7 @@ def int8_static(
                 "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OP_TYPES),
             },
         )
-    quantized = onnx.load(str(out))
-    restore_float_inputs(quantized.graph, set(nodes))
-    split_shared_quantizers(quantized.graph)
-    return quantized
-
-
-def split_shared_quantizers(graph: Any) -> None:
-    """One QuantizeLinear -> DequantizeLinear pair per MatMul that reads a quantized activation.
-
-    quantize_static quantizes a tensor once for all its readers: q, k and v share the
-    normed input, as do gate and up. onnxruntime's CPU fusion (DQ, DQ -> MatMul into
-    MatMulIntegerToFloat) skips a MatMul whose activation comes from a QuantizeLinear that
-    feeds other nodes too, and common-subexpression elimination merges identical pairs back,
-    so such MatMuls ran as float MatMuls on weights dequantized at every call (jamba-125m
-    decoded at 5.2 tokens/s). Each extra reader gets its own pair with its own copy of the
-    scale and zero point: the values (and the numbers) are unchanged, the pairs stay distinct."""
-    import copy
-
-    readers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    inits = {t.name: t for t in graph.initializer}
-    for q in [n for n in graph.node if n.op_type == "QuantizeLinear"]:
-        if not all(name in inits for name in q.input[1:]):
-            continue
-        pairs = [
-            (dq, r)
-            for dq in readers.get(q.output[0], [])
-            if dq.op_type == "DequantizeLinear" and list(dq.input[1:]) == list(q.input[1:])
-            for r in readers.get(dq.output[0], [])
-        ]
-        for k, (dq, reader) in enumerate(pairs[1:], 1):
-            params = []
-            for name in q.input[1:]:
-                copied = copy.deepcopy(inits[name])
-                copied.name = f"{name}/{k}"
-                graph.initializer.append(copied)
-                params.append(copied.name)
-            q2 = copy.deepcopy(q)
-            q2.name, q2.input[1:], q2.output[0] = f"{q.name}/{k}", params, f"{q.output[0]}/{k}"
-            dq2 = copy.deepcopy(dq)
-            dq2.name, dq2.input[:], dq2.output[0] = f"{dq.name}/{k}", [q2.output[0], *params], f"{dq.output[0]}/{k}"
-            for i, name in enumerate(reader.input):
-                if name == dq.output[0]:
-                    reader.input[i] = dq2.output[0]
-            at = list(graph.node).index(reader)
-            graph.node.insert(at, dq2)
-            graph.node.insert(at, q2)
-
-
-def restore_float_inputs(graph: Any, quantized: set[str]) -> None:
-    """QDQ rewires every consumer of a quantized activation to its DequantizeLinear output.
-    In a Mamba mixer the input of x_proj also feeds the scan (dt * x) and the D skip, which
-    would then read int8-rounded values; give such float consumers the float tensor back.
-    A graph output behind a DequantizeLinear would be a quantized state: refused."""
-    producer = {o: n for n in graph.node for o in n.output}
-    for node in graph.node:
-        if node.name in quantized or node.op_type in ("QuantizeLinear", "DequantizeLinear"):
-            continue
-        for i, name in enumerate(node.input):
-            dq = producer.get(name)
-            q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
-            if q is not None and q.op_type == "QuantizeLinear":
-                node.input[i] = q.input[0]
-    for op_type in ("DequantizeLinear", "QuantizeLinear"):  # pairs nothing reads any more
-        used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-        for node in [n for n in graph.node if n.op_type == op_type and n.output[0] not in used]:
-            graph.node.remove(node)
-    for value in graph.output:
-        if value.name in producer and producer[value.name].op_type == "DequantizeLinear":
-            raise QuantizationError(f"graph output {value.name} would be quantized; exclude the nodes that read it")
+    return onnx.load(str(out))  # the caller applies rewrites.restore_float_inputs and split_shared_quantizers
 
 
 def int8_dynamic(model: Any, work: Path, nodes: list[str], external: bool) -> Any:
@@ -185,27 +118,9 @@ def weight_only(
     block_size: int,
     nodes: list[str],
     reader: CalibrationReader | None,
-    accuracy_level: int = 4,
 ) -> Any:
-    """MatMulNBits with `bits`-bit block-wise weights (rtn, hqq or gptq)."""
-    return _set_accuracy_level(_weight_only(model, bits, algo, block_size, nodes, reader), accuracy_level)
-
-
-def _set_accuracy_level(model: Any, level: int) -> Any:
-    """Every MatMulNBits node computes at `level`, whichever quantizer wrote it."""
-    import onnx
-
-    for node in model.graph.node:
-        if node.op_type == "MatMulNBits":
-            kept = [a for a in node.attribute if a.name != "accuracy_level"]
-            del node.attribute[:]
-            node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", level)])
-    return model
-
-
-def _weight_only(
-    model: Any, bits: int, algo: str, block_size: int, nodes: list[str], reader: CalibrationReader | None
-) -> Any:
+    """MatMulNBits with `bits`-bit block-wise weights (rtn, hqq or gptq); the caller sets the
+    accuracy level (rewrites.set_accuracy_level)."""
     _nonempty(nodes)
     with quiet():
         if algo == "gptq":
@@ -255,3 +170,18 @@ def _nonempty(nodes: list[str]) -> list[str]:
     if not nodes:
         raise QuantizationError("no node is left to quantize after the exclusions; check --exclude/--include")
     return nodes
+
+
+def block_quantize(matrix_vh: np.ndarray, bits: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """onnxruntime's symmetric block quantizer over the rows of [vocab, hidden]: packed
+    [vocab, k_blocks, blob] uint8 and scales [vocab, k_blocks] (MatMulNBits' layout of B)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        DefaultWeightOnlyQuantizer,
+    )
+
+    config = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=True, bits=bits)
+    packed, scales, _ = DefaultWeightOnlyQuantizer(config).qbits_block_quant(
+        np.ascontiguousarray(matrix_vh.T.astype(np.float32))
+    )
+    return packed, scales

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.evaluate import log_softmax, ort_logits_fn, score_text, window_starts
+from ..runtime.evaluate import log_softmax, ort_logits_fn, score_text, scored_windows
 from .config import QuantConfig
 
 
@@ -55,14 +55,8 @@ def quality_report(parent: Any, quant: Any, text: str, cfg: QuantConfig) -> dict
 
 def _scored(per_window: list[np.ndarray], n_tokens: int, window: int, stride: int) -> np.ndarray:
     """The rows of each window that evaluate.token_nll scores: each token once."""
-    rows = []
-    scored_to = 1
-    for values, start in zip(per_window, window_starts(n_tokens, window, stride)):
-        length = min(window, n_tokens - start)
-        first = max(scored_to, start + 1)
-        rows.append(values[first - start - 1 : length - 1])
-        scored_to = start + length
-    return np.concatenate(rows)
+    windows = scored_windows(n_tokens, window, stride)
+    return np.concatenate([v[first - start - 1 : length - 1] for v, (start, length, first) in zip(per_window, windows)])
 
 
 def greedy_agreement(parent: Any, quant: Any, text: str, cfg: QuantConfig) -> tuple[float, int]:

@@ -2,7 +2,7 @@
 
 Every mode quantizes MatMul nodes with a constant weight (the linear layers) and the
 vocabulary matrices: the embedding Gather (/model/embed_tokens/Gather) and the LM head
-(/lm_head/MatMul), which vocab.py stores block-wise in every mode (one tensor when they are
+(/lm_head/MatMul), which rewrites.quantize_vocab stores block-wise in every mode (one tensor when they are
 tied). All other operators stay float because no mode lists them. Node names are
 hierarchical (/model/layers.{i}/{mixer,ffn,input_norm,ffn_norm}/..., /model/norm/...), so
 the exclusions are fnmatch patterns over them.
@@ -20,15 +20,12 @@ PATTERN quantizes matching nodes anyway, --exclude PATTERN keeps more float).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from .config import QuantConfig
-from .vocab import VocabNodes, find_vocab_nodes
-
-QUANTIZED_OP_TYPES = ("MatMul",)
+from .config import QUANTIZED_OP_TYPES, QuantConfig
+from .rewrites import VocabNodes, constant_weights, find_vocab_nodes
 
 
 @dataclass(frozen=True)
@@ -61,11 +58,12 @@ DEFAULT_FLOAT_ACTIVATIONS: tuple[KeepFloat, ...] = (
 
 
 @dataclass
-class Selection:
+class NodeSelection:
     """Node names to quantize, and every candidate kept float with the reason.
 
     `quantize` goes to the mode's quantizer (linear layers); `vocab` lists the chosen
-    vocabulary nodes (embedding Gather, LM head), which vocab.py quantizes in every mode."""
+    vocabulary nodes (embedding Gather, LM head), which rewrites.quantize_vocab quantizes in
+    every mode."""
 
     quantize: list[str]
     excluded: dict[str, str]
@@ -80,7 +78,7 @@ class Selection:
         return [n for n in self.quantize if n not in self.float_activations]
 
 
-def select_nodes(graph: Any, cfg: QuantConfig) -> Selection:
+def select_nodes(graph: Any, cfg: QuantConfig) -> NodeSelection:
     """Apply the state rules, the default list (unless disabled), --exclude and --include."""
     defaults = [(k.pattern, k.why) for k in DEFAULT_KEEP_FLOAT] if cfg.keep_float_default else []
     patterns = defaults + [(p, "--exclude") for p in cfg.exclude]
@@ -116,65 +114,4 @@ def select_nodes(graph: Any, cfg: QuantConfig) -> Selection:
             why = next((f"{p}: {w}" for p, w in rules if fnmatchcase(name, p)), None)
             if why is not None:
                 float_activations[name] = why
-    return Selection(quantize, excluded, [p for p, _ in patterns], vocab, vocab_nodes, float_activations)
-
-
-def constant_weights(graph: Any) -> dict[str, tuple[str, bool]]:
-    """MatMul node name -> (initializer, transposed) for weights that are an initializer,
-    or a 2-D Transpose of one (a weight tied to the embedding: lm_head = embedding^T)."""
-    inits = {t.name: t for t in graph.initializer}
-    transposes = {
-        n.output[0]: n.input[0]
-        for n in graph.node
-        if n.op_type == "Transpose" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2 and _swaps(n)
-    }
-    found: dict[str, tuple[str, bool]] = {}
-    for node in graph.node:
-        if node.op_type != "MatMul" or len(node.input) < 2:
-            continue
-        b = node.input[1]
-        if b in inits and len(inits[b].dims) == 2:
-            found[node.name] = (b, False)
-        elif b in transposes:
-            found[node.name] = (transposes[b], True)
-    return found
-
-
-def _swaps(node: Any) -> bool:
-    perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-    return perm in (None, [1, 0])
-
-
-def give_private_weights(graph: Any, names: list[str]) -> list[str]:
-    """Each MatMul in `names` gets a weight initializer of its own, [K, N].
-
-    The quantizers replace a weight in place: a weight tied to the embedding (reached
-    through a Transpose) is skipped by all of them, and one initializer shared by two
-    quantized nodes would be quantized twice under one name. A private copy fixes both;
-    the original stays for its other users (the embedding Gather). Returns the nodes that
-    got one."""
-    from onnx import numpy_helper
-
-    weights = constant_weights(graph)
-    inits = {t.name: t for t in graph.initializer}
-    uses = Counter(i for n in graph.node for i in n.input)
-    chosen = set(names)
-    copied, unhooked = [], set()
-    for node in graph.node:
-        if node.name not in chosen or node.name not in weights:
-            continue
-        name, transposed = weights[node.name]
-        if not transposed and uses[name] == 1:
-            continue
-        array = numpy_helper.to_array(inits[name])
-        private = numpy_helper.from_array((array.T if transposed else array).copy(), f"{node.name}/weight")
-        graph.initializer.append(private)
-        if transposed:
-            unhooked.add(node.input[1])
-        node.input[1] = private.name
-        copied.append(node.name)
-    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-    dead = [n for n in graph.node if n.output and n.output[0] in unhooked - used]
-    for node in dead:
-        graph.node.remove(node)
-    return copied
+    return NodeSelection(quantize, excluded, [p for p, _ in patterns], vocab, vocab_nodes, float_activations)

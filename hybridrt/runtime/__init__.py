@@ -3,9 +3,10 @@
 Never imports torch, directly or through another hybridrt module.
 """
 
+from .decode import GenerationStats
 from .loader import load
-from .model import ChatSession, Model
+from .model import ChatSession, Model, TextStream
 from .providers import select_providers
 from .sampling import GenerationConfig
 
-__all__ = ["ChatSession", "GenerationConfig", "Model", "load", "select_providers"]
+__all__ = ["ChatSession", "GenerationConfig", "GenerationStats", "Model", "TextStream", "load", "select_providers"]

@@ -12,22 +12,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .sampling import GenerationConfig, sample
-from .state import Cache
+from .state import Stepper
 
 StopCheck = Callable[[list[int]], bool]
 
 
 @dataclass
-class Progress:
-    """What a generation did: the new tokens per row, timings, and the last sampled tokens,
-    which the states have not seen yet (a chat session feeds them first on its next turn)."""
+class GenerationStats:
+    """What a generation did, filled in as it runs: the new tokens per row and timings."""
 
     tokens: list[list[int]] = field(default_factory=list)
     prompt_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
     decode_tokens: int = 0
-    pending: np.ndarray | None = None
 
     @property
     def prefill_ms(self) -> float:
@@ -61,23 +59,23 @@ def seen_tokens(history: Sequence[Sequence[int]], vocab: int) -> np.ndarray:
     return seen
 
 
-def prefill(cache: Cache, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+def prefill(stepper: Stepper, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Run the prompt [b, l] in one parallel call; returns last-position logits [b, V]."""
-    return cache.forward(ids, mask)
+    return stepper.forward(ids, mask)
 
 
-def decode_step(cache: Cache, tokens: np.ndarray, ones: np.ndarray) -> np.ndarray:
+def decode_step(stepper: Stepper, tokens: np.ndarray, ones: np.ndarray) -> np.ndarray:
     """Feed one token per row [b] from the carried states; returns logits [b, V]."""
-    return cache.forward(tokens[:, None], ones)
+    return stepper.forward(tokens[:, None], ones)
 
 
 def generate(
-    cache: Cache,
+    stepper: Stepper,
     prompts: Sequence[Sequence[int]],
     cfg: GenerationConfig,
     eos: Sequence[int],
     pad_id: int,
-    progress: Progress,
+    stats: GenerationStats,
     history: Sequence[Sequence[int]] | None = None,
     stop: StopCheck | None = None,
 ) -> Iterator[np.ndarray]:
@@ -90,12 +88,12 @@ def generate(
     b = len(prompts)
     rng = np.random.default_rng(cfg.seed)
     ids, mask = left_pad(prompts, pad_id)
-    progress.tokens = [[] for _ in range(b)]
-    progress.prompt_tokens = int(mask.sum())
+    stats.tokens = [[] for _ in range(b)]
+    stats.prompt_tokens = int(mask.sum())
     t0 = time.perf_counter()
-    logits = prefill(cache, ids, mask)
-    progress.prefill_s = time.perf_counter() - t0
-    seen = seen_tokens(history or prompts, cache.vocab) if cfg.repetition_penalty != 1.0 else None
+    logits = prefill(stepper, ids, mask)
+    stats.prefill_s = time.perf_counter() - t0
+    seen = seen_tokens(history or prompts, stepper.vocab) if cfg.repetition_penalty != 1.0 else None
     eos_ids = np.asarray(eos, dtype=np.int64)
     ones, rows = np.ones((b, 1), dtype=np.int64), np.arange(b)
     live = np.ones(b, dtype=bool)
@@ -104,17 +102,16 @@ def generate(
         for step in range(cfg.max_new_tokens):
             tokens = sample(logits, cfg, rng, seen, eos if step < cfg.min_new_tokens else ())
             tokens[~live] = pad_id
-            progress.pending = tokens
-            live = _record(progress.tokens, tokens, live, eos_ids, stop)
+            live = _record(stats.tokens, tokens, live, eos_ids, stop)
             if seen is not None:
                 seen[rows, tokens] = True
             yield tokens
             if not live.any() or step + 1 == cfg.max_new_tokens:
                 break
-            logits = decode_step(cache, tokens, ones)
-            progress.decode_tokens += int(live.sum())
+            logits = decode_step(stepper, tokens, ones)
+            stats.decode_tokens += int(live.sum())
     finally:
-        progress.decode_s = time.perf_counter() - t0
+        stats.decode_s = time.perf_counter() - t0
 
 
 def _record(

@@ -11,13 +11,13 @@ comparable.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..errors import GenerationError
-from .state import NUMPY_DTYPES, state_shape
+from ..graphs.feeds import graph_feeds, zero_states
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -31,20 +31,26 @@ def window_starts(n_tokens: int, window: int, stride: int) -> list[int]:
     return list(range(0, n_tokens - window + stride, stride))
 
 
+def scored_windows(n_tokens: int, window: int, stride: int) -> Iterator[tuple[int, int, int]]:
+    """(start, length, first) per window: the window ids[start : start + length] scores the
+    tokens [first, start + length), which no earlier window scored (token 0 never is)."""
+    scored_to = 1
+    for start in window_starts(n_tokens, window, stride):
+        length = min(window, n_tokens - start)
+        yield start, length, max(scored_to, start + 1)
+        scored_to = start + length
+
+
 LogitsFn = Callable[[np.ndarray], np.ndarray]
 
 
 def ort_logits_fn(model: Any) -> LogitsFn:
     """ids [1, l] -> logits [l, V] from fresh states, with the runtime's ONNX session."""
     session, manifest = model.inference_session, model.manifest
-    uses_positions = any(s.name == "position_ids" for s in manifest.inputs)
-    zeros = {s.name: np.zeros(state_shape(s, 1), NUMPY_DTYPES[s.dtype]) for s in manifest.pasts}
+    zeros = zero_states(manifest.pasts, 1)
 
     def run(chunk: np.ndarray) -> np.ndarray:
-        feeds: dict[str, np.ndarray] = {"input_ids": chunk, "attention_mask": np.ones_like(chunk), **zeros}
-        if uses_positions:
-            feeds["position_ids"] = np.arange(chunk.shape[1], dtype=np.int64)[None, :]
-        return session.run(["logits"], feeds)[0][0]
+        return session.run(["logits"], graph_feeds(manifest.inputs, chunk, np.ones_like(chunk), zeros))[0][0]
 
     return run
 
@@ -55,17 +61,13 @@ def token_nll(
     """NLL (nats) of ids[1:], each predicted from its preceding context within a window."""
     ids_arr = np.asarray(ids, dtype=np.int64)
     nll = np.full(len(ids_arr), np.nan)
-    scored_to = 1  # tokens [0, scored_to) are done (token 0 is never scored)
-    for start in window_starts(len(ids_arr), window, stride):
-        chunk = ids_arr[start : start + window][None, :]
-        logits = logits_fn(chunk)  # [l, V]
-        first = max(scored_to, start + 1)
-        targets = ids_arr[first : start + chunk.shape[1]]
+    for start, length, first in scored_windows(len(ids_arr), window, stride):
+        logits = logits_fn(ids_arr[start : start + length][None, :])  # [l, V]
+        targets = ids_arr[first : start + length]
         if len(targets):
-            lp = log_softmax(logits[first - start - 1 : chunk.shape[1] - 1].astype(np.float64))
+            lp = log_softmax(logits[first - start - 1 : length - 1].astype(np.float64))
             nll[first : first + len(targets)] = -lp[np.arange(len(targets)), targets]
             progress(len(targets))
-        scored_to = start + chunk.shape[1]
     return nll[1:]
 
 

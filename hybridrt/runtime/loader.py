@@ -7,12 +7,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ..default_model import model_dir
 from ..errors import GraphError, ProviderError
 from ..graphs.contract import TensorSpec, present_name
 from ..graphs.manifest import MANIFEST, Manifest, read_manifest, verify_files
-from .default import DEFAULT_NAME, default_model_dir
 from .model import Model
-from .providers import CPU, ProviderRequest, Selection, device_of, select_providers
+from .providers import CPU, ProviderRequest, ProviderSelection, device_of, select_providers
 from .text import load_tokenizer
 
 log = logging.getLogger("hybridrt.runtime")
@@ -47,7 +47,7 @@ def load(
     """
     import onnxruntime as ort
 
-    directory = default_model_dir() if str(path) == DEFAULT_NAME else Path(path)
+    directory = model_dir(path)
     manifest = read_manifest(directory)
     if manifest.format != "onnx":
         raise GraphError(f"{directory} holds a {manifest.format} graph; the runtime runs ONNX (export --format onnx)")
@@ -69,7 +69,7 @@ def load(
     return Model(directory, manifest, session, load_tokenizer(directory), device, io_binding=bind)
 
 
-def _session(ort: Any, graph: Path, selection: Selection) -> Any:
+def _session(ort: Any, graph: Path, selection: ProviderSelection) -> Any:
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     if selection.threads is not None:
@@ -84,7 +84,7 @@ def _session(ort: Any, graph: Path, selection: Selection) -> Any:
         ) from None
 
 
-def _check_providers(session: Any, selection: Selection, strict: bool) -> None:
+def _check_providers(session: Any, selection: ProviderSelection, strict: bool) -> None:
     """A provider that is installed can still fail to start (no driver); say so."""
     used = session.get_providers()
     failed = [n for n in selection.names if n != CPU and n not in used and n not in selection.fell_back]

@@ -12,10 +12,28 @@ from ..errors import GenerationError
 from ..graphs.manifest import Manifest
 from . import decode as dec
 from .sampling import GenerationConfig
-from .state import Cache, new_cache
+from .state import Stepper, new_stepper
 from .text import Prompts, StreamDecoder, as_prompts, decode, need_tokenizer
 
 Output = str | list[str] | list[int] | list[list[int]]
+
+
+class TextStream(Iterator[str]):
+    """Text pieces of a continuation as they are generated; `stats` fills in as it runs and
+    is complete once the stream is exhausted (or closed)."""
+
+    def __init__(self, pieces: Iterator[str], stats: dec.GenerationStats) -> None:
+        self._pieces = pieces
+        self.stats = stats
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        """Stop generating; a chat session keeps the states of the tokens so far."""
+        close = getattr(self._pieces, "close", None)
+        if close is not None:
+            close()
 
 
 class Model:
@@ -23,6 +41,7 @@ class Model:
 
     generate(prompt, **GenerationConfig fields): text in -> text out (str, or list for a list);
     token ids in -> the new token ids (list[int], or one list per prompt for a batch).
+    generate_with_stats returns (output, GenerationStats); stream's TextStream carries .stats.
     """
 
     def __init__(
@@ -40,7 +59,6 @@ class Model:
         self.tokenizer = tokenizer
         self.device = device
         self.io_binding = io_binding
-        self.last_stats: dec.Progress | None = None
         special = manifest.special_tokens
         eos = special.get("eos_token_id")
         self.eos_token_ids: tuple[int, ...] = () if eos is None else tuple(np.atleast_1d(eos).astype(int).tolist())
@@ -61,35 +79,39 @@ class Model:
 
     def generate(self, prompt: Any, **kwargs: Any) -> Output:
         """Generate for one prompt or a batch (left-padded; each row as if alone)."""
+        return self.generate_with_stats(prompt, **kwargs)[0]
+
+    def generate_with_stats(self, prompt: Any, **kwargs: Any) -> tuple[Output, dec.GenerationStats]:
+        """As generate, with what the generation did: token counts and timings."""
         cfg = GenerationConfig.from_kwargs(**kwargs)
         prompts = as_prompts(prompt, self.tokenizer, self.manifest.vocab_size)
-        self.check_length(prompts.rows, cfg)
-        progress = dec.Progress()
-        for _ in self.steps(self.new_cache(len(prompts.rows)), prompts.rows, cfg, progress):
+        self._check_length(prompts.rows, cfg)
+        stats = dec.GenerationStats()
+        for _ in self._steps(self._new_stepper(len(prompts.rows)), prompts.rows, cfg, stats):
             pass
-        return self.format(prompts, progress.tokens)
+        return self._format(prompts, stats.tokens), stats
 
-    def stream(self, prompt: str | Sequence[int], **kwargs: Any) -> Iterator[str]:
-        """Text pieces of one prompt's continuation, as they are generated."""
+    def stream(self, prompt: str | Sequence[int], **kwargs: Any) -> TextStream:
+        """Text pieces of one prompt's continuation, as they are generated (see TextStream)."""
         cfg = GenerationConfig.from_kwargs(**kwargs)
         need_tokenizer(self.tokenizer)
         prompts = as_prompts(prompt, self.tokenizer, self.manifest.vocab_size)
         if not prompts.single:
             raise GenerationError("stream() takes one prompt; use generate() for a batch")
-        self.check_length(prompts.rows, cfg)
-        progress = dec.Progress()
-        return self.pieces(self.steps(self.new_cache(1), prompts.rows, cfg, progress), progress)
+        self._check_length(prompts.rows, cfg)
+        stats = dec.GenerationStats()
+        return TextStream(self._pieces(self._steps(self._new_stepper(1), prompts.rows, cfg, stats), stats), stats)
 
     def session(self) -> ChatSession:
         """A conversation whose states carry over from one generate() call to the next."""
         return ChatSession(self)
 
-    # Building blocks shared with ChatSession.
+    # Building blocks shared with ChatSession (private to this module).
 
-    def new_cache(self, batch: int) -> Cache:
-        return new_cache(self.inference_session, self.manifest, batch, self.device, self.io_binding)
+    def _new_stepper(self, batch: int) -> Stepper:
+        return new_stepper(self.inference_session, self.manifest, batch, self.device, self.io_binding)
 
-    def check_length(self, rows: Sequence[Sequence[int]], cfg: GenerationConfig, past: int = 0) -> None:
+    def _check_length(self, rows: Sequence[Sequence[int]], cfg: GenerationConfig, past: int = 0) -> None:
         longest = past + max(len(r) for r in rows)
         if longest + cfg.max_new_tokens > self.max_length:
             raise GenerationError(
@@ -97,17 +119,16 @@ class Model:
                 f"{self.max_length}; shorten the prompt or lower max_new_tokens"
             )
 
-    def steps(
+    def _steps(
         self,
-        cache: Cache,
+        stepper: Stepper,
         rows: Sequence[Sequence[int]],
         cfg: GenerationConfig,
-        progress: dec.Progress,
+        stats: dec.GenerationStats,
         history: Sequence[Sequence[int]] | None = None,
     ) -> Iterator[np.ndarray]:
-        self.last_stats = progress
         eos = cfg.eos_ids(self.eos_token_ids)
-        return dec.generate(cache, rows, cfg, eos, self.pad_token_id, progress, history, self._stop_check(cfg))
+        return dec.generate(stepper, rows, cfg, eos, self.pad_token_id, stats, history, self._stop_check(cfg))
 
     def _stop_check(self, cfg: GenerationConfig) -> dec.StopCheck | None:
         stops = cfg.stops
@@ -124,20 +145,20 @@ class Model:
 
         return stop
 
-    def pieces(self, steps: Iterator[np.ndarray], progress: dec.Progress) -> Iterator[str]:
+    def _pieces(self, steps: Iterator[np.ndarray], stats: dec.GenerationStats) -> Iterator[str]:
         stream = StreamDecoder(self.tokenizer)
         done = 0
         for _ in steps:
-            for token in progress.tokens[0][done:]:
+            for token in stats.tokens[0][done:]:
                 piece = stream.push(token)
                 if piece:
                     yield piece
-            done = len(progress.tokens[0])
+            done = len(stats.tokens[0])
         tail = stream.flush()
         if tail:
             yield tail
 
-    def format(self, prompts: Prompts, tokens: list[list[int]]) -> Output:
+    def _format(self, prompts: Prompts, tokens: list[list[int]]) -> Output:
         if prompts.text:
             texts = [decode(self.tokenizer, t) for t in tokens]
             return texts[0] if prompts.single else texts
@@ -155,22 +176,27 @@ class ChatSession:
 
     def reset(self) -> None:
         """Forget the conversation: the next call starts from fresh states."""
-        self.cache: Cache | None = None
+        self.stepper: Stepper | None = None
         self.history: list[int] = []  # every token of the conversation, the pending one included
         self.pending: list[int] = []  # sampled but not yet fed to the states
 
     def generate(self, prompt: Any, **kwargs: Any) -> Output:
-        cfg, prompts = self._prepare(prompt, kwargs)
-        progress = dec.Progress()
-        for _ in self._steps(prompts, cfg, progress):
-            pass
-        return self.model.format(prompts, progress.tokens)
+        """As Model.generate, for one prompt, continuing the conversation."""
+        return self.generate_with_stats(prompt, **kwargs)[0]
 
-    def stream(self, prompt: Any, **kwargs: Any) -> Iterator[str]:
+    def generate_with_stats(self, prompt: Any, **kwargs: Any) -> tuple[Output, dec.GenerationStats]:
+        cfg, prompts = self._prepare(prompt, kwargs)
+        stats = dec.GenerationStats()
+        for _ in self._steps(prompts, cfg, stats):
+            pass
+        return self.model._format(prompts, stats.tokens), stats
+
+    def stream(self, prompt: Any, **kwargs: Any) -> TextStream:
+        """As Model.stream, continuing the conversation."""
         cfg, prompts = self._prepare(prompt, kwargs)
         need_tokenizer(self.model.tokenizer)
-        progress = dec.Progress()
-        return self.model.pieces(self._steps(prompts, cfg, progress), progress)
+        stats = dec.GenerationStats()
+        return TextStream(self.model._pieces(self._steps(prompts, cfg, stats), stats), stats)
 
     def _prepare(self, prompt: Any, kwargs: dict[str, Any]) -> tuple[GenerationConfig, Prompts]:
         m = self.model
@@ -179,22 +205,22 @@ class ChatSession:
         prompts = as_prompts(prompt, m.tokenizer, m.manifest.vocab_size, add_special_tokens=not self.history)
         if not prompts.single:
             raise GenerationError("a chat session holds one sequence: pass one prompt per call")
-        m.check_length(prompts.rows, cfg, past=len(self.history))
+        m._check_length(prompts.rows, cfg, past=len(self.history))
         return cfg, prompts
 
-    def _steps(self, prompts: Prompts, cfg: GenerationConfig, progress: dec.Progress) -> Iterator[np.ndarray]:
-        if self.cache is None:
-            self.cache = self.model.new_cache(1)
+    def _steps(self, prompts: Prompts, cfg: GenerationConfig, stats: dec.GenerationStats) -> Iterator[np.ndarray]:
+        if self.stepper is None:
+            self.stepper = self.model._new_stepper(1)
         new = prompts.rows[0]
         rows = [self.pending + new]
         history = [self.history + new]
         try:
-            yield from self.model.steps(self.cache, rows, cfg, progress, history)
+            yield from self.model._steps(self.stepper, rows, cfg, stats, history)
         except Exception:
             self.reset()  # the states may be half-updated
             raise
         finally:
-            if self.cache is not None and progress.tokens:
+            if self.stepper is not None and stats.tokens:
                 # Also when a stream is closed early: the states have seen all but the last token.
-                self.history = history[0] + progress.tokens[0]
-                self.pending = progress.tokens[0][-1:]
+                self.history = history[0] + stats.tokens[0]
+                self.pending = stats.tokens[0][-1:]

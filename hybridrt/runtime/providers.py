@@ -42,7 +42,7 @@ ProviderRequest = str | tuple[str, dict[str, Any]] | Sequence[str | tuple[str, d
 
 
 @dataclass(frozen=True)
-class Selection:
+class ProviderSelection:
     """What to hand to InferenceSession: ordered (name, provider options), and session threads."""
 
     providers: list[tuple[str, dict[str, str]]]
@@ -65,7 +65,7 @@ def select_providers(
     *,
     allow_fallback: bool = False,
     threads: int | None = None,
-) -> Selection:
+) -> ProviderSelection:
     """The providers to create a session with, in order, ending with CPU.
 
     `available` is onnxruntime.get_available_providers() (passed in so the logic is testable on
@@ -105,7 +105,7 @@ def _entries(request: ProviderRequest) -> list[tuple[str, dict[str, Any]]]:
     return entries
 
 
-def _finish(chosen: list[tuple[str, dict[str, Any]]], threads: int | None, missing: list[str]) -> Selection:
+def _finish(chosen: list[tuple[str, dict[str, Any]]], threads: int | None, missing: list[str]) -> ProviderSelection:
     if not any(name == CPU for name, _ in chosen):
         chosen.append((CPU, {}))  # ops another provider lacks run here
     providers = []
@@ -117,7 +117,7 @@ def _finish(chosen: list[tuple[str, dict[str, Any]]], threads: int | None, missi
         elif n is not None:
             threads = int(n)
         providers.append((name, {k: str(v) for k, v in opts.items()}))
-    return Selection(providers, threads, missing)
+    return ProviderSelection(providers, threads, missing)
 
 
 def _hint(name: str) -> str:

@@ -2,12 +2,12 @@
 
 Two ways to run a step, one interface (`forward(ids, mask) -> last-position logits`):
 
-- BoundCache: buffers live on the session's device and are bound with IO binding. Fixed-size
+- BoundStepper: buffers live on the session's device and are bound with IO binding. Fixed-size
   states (Mamba conv/ssm) ping-pong between two sets allocated once; two IOBindings are
   prebound to the two directions, so a step only rebinds ids, mask, positions, KV and logits.
   KV presents stay on the device and are fed back as the next pasts (no host copy). Decode
   logits land in one preallocated host buffer [b, 1, V]; nothing else crosses to the host.
-- PlainCache: numpy feeds through session.run, for comparison and for debugging.
+- PlainStepper: numpy feeds through session.run, for comparison and for debugging.
 
 Shapes: b = batch, s = new tokens this call, L = tokens so far (past_len), V = vocabulary.
 """
@@ -20,23 +20,16 @@ import numpy as np
 
 from ..errors import GenerationError
 from ..graphs.contract import TensorSpec, present_name
+from ..graphs.feeds import NUMPY_DTYPES, graph_feeds, state_shape, zero_states
 from ..graphs.manifest import Manifest
 
-NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
 
-
-def state_shape(spec: TensorSpec, batch: int) -> tuple[int, ...]:
-    """Concrete shape of a past tensor for a fresh sequence (KV past_len 0)."""
-    sizes = {"batch": batch, "past_len": 0}
-    return tuple(d if isinstance(d, int) else sizes[d] for d in spec.dims)
-
-
-class Cache:
-    """Mask and position bookkeeping shared by both ways of running.
+class Stepper:
+    """Runs the graph step by step over its carried states; the mask bookkeeping is shared
+    by both ways of running.
 
     `mask` [b, L] holds 1 for every token the states have seen and 0 for left padding;
-    `count` [b] is tokens per row, so positions of new tokens are count + cumsum(mask) - 1,
-    the same rule as export.trace.position_ids.
+    graphs.feeds derives the positions of new tokens from it.
     """
 
     def __init__(self, session: Any, manifest: Manifest, batch: int) -> None:
@@ -44,29 +37,22 @@ class Cache:
         self.manifest = manifest
         self.batch = batch
         self.pasts = manifest.pasts
-        self.uses_positions = any(s.name == "position_ids" for s in manifest.inputs)
         self.vocab = int(manifest.vocab_size)
         self._mask = np.ones((batch, manifest.max_length), dtype=np.int64)
         self.length = 0
-        self.count = np.zeros(batch, dtype=np.int64)
 
     @property
     def mask(self) -> np.ndarray:
         return self._mask[:, : self.length]
 
     def _inputs(self, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
-        """Graph inputs for ids [b, s] and their mask [b, s]; advances the bookkeeping."""
+        """Graph inputs but the pasts for ids [b, s] and their mask [b, s]; advances the bookkeeping."""
         s = ids.shape[1]
         if self.length + s > self._mask.shape[1]:
             raise GenerationError(f"{self.length + s} tokens exceed the model's max length {self._mask.shape[1]}")
         self._mask[:, self.length : self.length + s] = mask
         self.length += s
-        feeds = {"input_ids": ids, "attention_mask": np.ascontiguousarray(self._mask[:, : self.length])}
-        if self.uses_positions:
-            pos = self.count[:, None] + np.cumsum(mask, axis=1) - 1
-            feeds["position_ids"] = np.maximum(pos, 0)
-        self.count += mask.sum(axis=1)
-        return feeds
+        return graph_feeds(self.manifest.inputs, ids, np.ascontiguousarray(self._mask[:, : self.length]), {})
 
     def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Run ids [b, s] (int64) with mask [b, s]; returns last-position logits [b, V].
@@ -76,12 +62,12 @@ class Cache:
         raise NotImplementedError
 
 
-class PlainCache(Cache):
+class PlainStepper(Stepper):
     """States as numpy arrays, fed and fetched with session.run each step."""
 
     def __init__(self, session: Any, manifest: Manifest, batch: int) -> None:
         super().__init__(session, manifest, batch)
-        self.states = [np.zeros(state_shape(s, batch), NUMPY_DTYPES[s.dtype]) for s in self.pasts]
+        self.states = list(zero_states(self.pasts, batch).values())
 
     def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         feeds = self._inputs(ids, mask)
@@ -90,7 +76,7 @@ class PlainCache(Cache):
         return logits[:, -1]
 
 
-class BoundCache(Cache):
+class BoundStepper(Stepper):
     """States on the session's device, bound with IO binding (see the module docstring)."""
 
     def __init__(self, session: Any, manifest: Manifest, batch: int, device: tuple[str, int]) -> None:
@@ -148,8 +134,8 @@ class BoundCache(Cache):
         return self.step_logits[:, -1] if step else outputs[0].numpy()[:, -1]
 
 
-def new_cache(session: Any, manifest: Manifest, batch: int, device: tuple[str, int], io_binding: bool) -> Cache:
+def new_stepper(session: Any, manifest: Manifest, batch: int, device: tuple[str, int], io_binding: bool) -> Stepper:
     """Fresh states for `batch` sequences: zero conv/ssm states, KV of length 0."""
     if io_binding:
-        return BoundCache(session, manifest, batch, device)
-    return PlainCache(session, manifest, batch)
+        return BoundStepper(session, manifest, batch, device)
+    return PlainStepper(session, manifest, batch)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..config import HybridConfig
+from ...config import HybridConfig
 from ..registry import Family, register
 from .mamba import FAMILY as MAMBA
 from .mamba import translate as translate_mamba

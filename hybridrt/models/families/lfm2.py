@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import HybridConfig
+from ...config import HybridConfig
 from ..registry import Family, eos_ids, register, rope_settings, unsupported
 
 LAYER_KINDS = {"conv": "conv", "full_attention": "attention"}

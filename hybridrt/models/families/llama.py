@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import HybridConfig
+from ...config import HybridConfig
 from ..registry import Family, eos_ids, register, rope_settings, unsupported
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import HybridConfig
+from ...config import HybridConfig
 from ..registry import Family, eos_ids, register
 from .mamba2 import SSM_MAX_LENGTH, check_silu
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import HybridConfig
+from ...config import HybridConfig
 from ..registry import Family, eos_ids, register, unsupported
 
 # A pure-SSM model has no positions to run out of; this only bounds the runtime's mask buffer.
