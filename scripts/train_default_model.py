@@ -31,7 +31,6 @@ import csv
 import dataclasses
 import json
 import math
-import shutil
 import sys
 import time
 import types
@@ -46,6 +45,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import hybridrt
+from hybridrt.graphs.files import atomic_directory
 from hybridrt.models.checkpoint import load_model
 from hybridrt.models.config import HybridConfig
 from hybridrt.models.families.jamba import FAMILY, translate
@@ -439,7 +439,6 @@ def hf_state_dict(model: HybridForCausalLM) -> dict[str, torch.Tensor]:
 
 
 def write_checkpoint(path: Path, model: HybridForCausalLM, hf: dict, tok: Tokenizer) -> None:
-    path.mkdir(parents=True)
     save_file(hf_state_dict(model), str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / "model.safetensors").chmod(0o644)  # safetensors creates it owner-only
     (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
@@ -467,15 +466,6 @@ def transformers_parity(path: Path, model: HybridForCausalLM, ids: torch.Tensor)
     if diff > 1e-4:
         raise SystemExit(f"{path}: transformers and hybridrt disagree: max |logit diff| {diff:.2e}")
     return diff
-
-
-def publish(tmp: Path, out: Path) -> None:
-    """Swap the finished directory into place; a half-written model never appears at `out`."""
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def sources_table(header: dict) -> str:
@@ -608,39 +598,38 @@ def main() -> None:
 
     info = train(model, windows(train_stream, tc.seq_len).to(device), stdlib_wins[pick], tc)
 
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    write_checkpoint(tmp, model, hf, tok)
-    written, _ = load_model(tmp)
-    written.to(device)
-    t_eval = time.time()
-    with fast_scan(written):
-        for name in held_sets:
-            n_bytes = sum(len(d.encode()) for d in docs[name])
-            info[name] = heldout_figures(written, held[name].to(device), n_bytes, tc)
-    print(f"held-out evaluation: {time.time() - t_eval:.0f}s {info}", flush=True)
-    written.cpu()
-    probe = held["heldout-stdlib"][:128].unsqueeze(0)
-    check_fast_scan(written, probe)
-    hf_diff = transformers_parity(tmp, written, probe)
+    with atomic_directory(out) as tmp:  # a half-written model never appears at `out`
+        write_checkpoint(tmp, model, hf, tok)
+        written, _ = load_model(tmp)
+        written.to(device)
+        t_eval = time.time()
+        with fast_scan(written):
+            for name in held_sets:
+                n_bytes = sum(len(d.encode()) for d in docs[name])
+                info[name] = heldout_figures(written, held[name].to(device), n_bytes, tc)
+        print(f"held-out evaluation: {time.time() - t_eval:.0f}s {info}", flush=True)
+        written.cpu()
+        probe = held["heldout-stdlib"][:128].unsqueeze(0)
+        check_fast_scan(written, probe)
+        hf_diff = transformers_parity(tmp, written, probe)
 
-    info |= {
-        "parameters": n_params,
-        "command": " ".join(["python", *sys.argv]),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"{tc.threads} CPU thread(s)",
-        "train_files": len(docs["train"]),
-        "train_bytes": sum(len(d.encode()) for d in docs["train"]),
-        "train_tokens": len(train_stream),
-        "heldout_files": {name: len(docs[name]) for name in held_sets},
-        "corpus_python": header["python"],
-        "transformers_max_logit_diff": f"{hf_diff:.1e}" if hf_diff is not None else "not checked",
-        "total_seconds": round(time.time() - t_start, 1),
-    }
-    settings = ("seq_len", "batch", "lr", "min_lr_ratio", "warmup", "weight_decay", "grad_clip", "seed", "minutes")
-    info |= {k: getattr(tc, k) for k in (*settings, "threads")}
-    (tmp / "config.json").write_text(json.dumps(dict(hf, hybridrt_training=info), indent=2) + "\n")
-    (tmp / "README.md").write_text(readme(hf, info, header))
-    (log_dir / "summary.json").write_text(json.dumps(info, indent=2) + "\n")
-    publish(tmp, out)
+        info |= {
+            "parameters": n_params,
+            "command": " ".join(["python", *sys.argv]),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"{tc.threads} CPU thread(s)",
+            "train_files": len(docs["train"]),
+            "train_bytes": sum(len(d.encode()) for d in docs["train"]),
+            "train_tokens": len(train_stream),
+            "heldout_files": {name: len(docs[name]) for name in held_sets},
+            "corpus_python": header["python"],
+            "transformers_max_logit_diff": f"{hf_diff:.1e}" if hf_diff is not None else "not checked",
+            "total_seconds": round(time.time() - t_start, 1),
+        }
+        settings = ("seq_len", "batch", "lr", "min_lr_ratio", "warmup", "weight_decay", "grad_clip", "seed", "minutes")
+        info |= {k: getattr(tc, k) for k in (*settings, "threads")}
+        (tmp / "config.json").write_text(json.dumps(dict(hf, hybridrt_training=info), indent=2) + "\n")
+        (tmp / "README.md").write_text(readme(hf, info, header))
+        (log_dir / "summary.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"wrote {out} ({sum(f.stat().st_size for f in out.iterdir()) / 1e6:.1f} MB)", flush=True)
 
 

@@ -47,6 +47,14 @@ def test_every_token_scored_once() -> None:
         assert starts[0] == 0 and starts[-1] + w >= n
 
 
+def test_stride_equal_to_window_scores_every_token(jamba_onnx: Path, text_file: Path) -> None:
+    """Regression: with stride == window the first token of each later window had no logits
+    predicting it, was left NaN, and made the whole figure NaN."""
+    r = evaluate(hybridrt.load(jamba_onnx), text_file.read_text(), window=32, stride=32)
+    assert math.isfinite(r["nll_per_token"]) and math.isfinite(r["bits_per_byte"])
+    assert window_starts(100, 32, 32)[:3] == [0, 31, 62]
+
+
 def test_one_window_equals_many_when_context_fits(jamba_onnx: Path, text_file: Path) -> None:
     """With a window longer than the text, the stride does not matter."""
     model = hybridrt.load(jamba_onnx)

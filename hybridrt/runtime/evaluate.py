@@ -26,9 +26,12 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def window_starts(n_tokens: int, window: int, stride: int) -> list[int]:
+    """Window starts, at most window - 1 apart: a window's first token has no logits predicting
+    it, so consecutive windows share at least one token and every token after the first is scored."""
     if n_tokens <= window:
         return [0]
-    return list(range(0, n_tokens - window + stride, stride))
+    step = min(stride, window - 1)
+    return list(range(0, n_tokens - window + step, step))
 
 
 def scored_windows(n_tokens: int, window: int, stride: int) -> Iterator[tuple[int, int, int]]:
