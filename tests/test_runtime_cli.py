@@ -24,4 +24,4 @@ def test_generate_prints_the_text_and_its_speed(
 
 def test_generate_rejects_bad_values(jamba_onnx: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", str(jamba_onnx), "def", "--top-p", "2"]) == 2
-    assert "top_p must be in (0, 1]" in capsys.readouterr().err
+    assert "--top-p must be a finite number in (0, 1], got 2.0" in capsys.readouterr().err

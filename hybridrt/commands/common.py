@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,17 +16,50 @@ def stage(t0: float, message: str) -> None:
     print(f"[{time.perf_counter() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
+class Ticker:
+    """A progress callback that prints each stage to stderr and, while one stage runs longer
+    than `every` seconds, a line saying it is still running: no long step is silent. Plain
+    lines (no carriage returns or padding), so a log file reads as well as a terminal."""
+
+    def __init__(self, t0: float | None = None, every: float = 10.0, prefix: str = "") -> None:
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self.every, self.prefix = every, prefix
+        self.message, self.since = "", 0.0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._tick, daemon=True)
+
+    def __enter__(self) -> Ticker:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def __call__(self, message: str) -> None:
+        self.message, self.since = message, time.perf_counter()
+        stage(self.t0, self.prefix + message)
+
+    def _tick(self) -> None:
+        while not self.done.wait(self.every):
+            message, since = self.message, self.since
+            running = time.perf_counter() - since
+            if message and running >= self.every:
+                stage(self.t0, f"{self.prefix}... still {message.rstrip('.')} ({running:.0f} s)")
+
+
 def model_dir(name: str) -> Path:
     """An exported directory; "default" exports the shipped model on first use (needs torch)."""
     if name != DEFAULT_NAME:
         return Path(name)
     try:
         return default_model_dir()
-    except GraphError:
-        try:
-            from ..models.default import ensure_default_export
-        except ImportError:
-            raise  # the runtime-only install cannot export; default_model_dir's message says how
-        t0 = time.perf_counter()
-        directory, _ = ensure_default_export(lambda msg: stage(t0, f"default model: {msg}"))
+    except GraphError as not_exported:
+        if not all(importlib.util.find_spec(m) for m in ("torch", "onnx", "onnxscript", "safetensors")):
+            # The runtime-only install cannot export; default_model_dir's message says how.
+            raise not_exported from None
+        from ..models.default import ensure_default_export
+
+        with Ticker(prefix="default model: ") as say:
+            directory, _ = ensure_default_export(say)
         return directory

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,17 +22,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..export import export
     from ..graphs.inspect import describe
+    from .common import Ticker
 
-    t0 = time.perf_counter()
-    manifest = export(
-        args.src,
-        args.output,
-        format=args.format,
-        force=args.force,
-        validate=not args.no_validate,
-        fused_ops=not args.plain_ops,
-        progress=lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr),
-    )
+    with Ticker() as say:
+        manifest = export(
+            args.src,
+            args.output,
+            format=args.format,
+            force=args.force,
+            validate=not args.no_validate,
+            fused_ops=not args.plain_ops,
+            progress=say,
+        )
     print(describe(args.output, manifest))
     prov = manifest.provenance
     print(f"export took {prov['export_seconds']:.1f} s, peak RSS {prov['export_peak_rss_mb']:.0f} MB")

@@ -10,10 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..quantization.config import ALGOS, CALIB_METHODS, MODES, QuantConfig
+
+if TYPE_CHECKING:
+    from ..graphs.manifest import Manifest
 
 DEFAULTS = QuantConfig()
 
@@ -82,37 +86,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..graphs.inspect import describe_vocab
-    from ..quantization.api import quantize
-    from .common import model_dir, stage
+    from .common import Ticker
 
-    t0 = time.perf_counter()
-    manifest = quantize(
-        model_dir(args.model),
-        args.output,
-        args.mode,
-        calibration=args.calibration,
-        eval_text=args.eval_text,
-        force=args.force,
-        progress=lambda msg: stage(t0, msg),
-        algo=args.algo,
-        block_size=args.block_size,
-        accuracy_level=args.accuracy_level,
-        vocab_bits=args.vocab_bits,
-        calib_method=args.calib_method,
-        samples=args.samples,
-        seq_len=args.seq_len,
-        decode_steps=args.decode_steps,
-        exclude=args.exclude,
-        include=args.include,
-        float_activations=None
-        if args.float_activations is None
-        else [p for p in args.float_activations if p.lower() != "none"],
-        keep_float_default=args.keep_float_default,
-        eval_tokens=args.eval_tokens,
-        agreement_prompts=args.agreement_prompts,
-        max_ppl_ratio=args.max_ppl_ratio,
-        min_greedy_agreement=args.min_greedy_agreement,
-    )
+    with Ticker() as say:
+        manifest = _quantize(args, say)
     q = manifest.quantization or {}
     if args.json:
         print(json.dumps(q))
@@ -138,3 +115,36 @@ def run(args: argparse.Namespace) -> int:
     )
     sys.stdout.flush()
     return 0
+
+
+def _quantize(args: argparse.Namespace, say: Callable[[str], None]) -> Manifest:
+    from ..quantization.api import quantize
+    from .common import model_dir
+
+    return quantize(
+        model_dir(args.model),
+        args.output,
+        args.mode,
+        calibration=args.calibration,
+        eval_text=args.eval_text,
+        force=args.force,
+        progress=say,
+        algo=args.algo,
+        block_size=args.block_size,
+        accuracy_level=args.accuracy_level,
+        vocab_bits=args.vocab_bits,
+        calib_method=args.calib_method,
+        samples=args.samples,
+        seq_len=args.seq_len,
+        decode_steps=args.decode_steps,
+        exclude=args.exclude,
+        include=args.include,
+        float_activations=None
+        if args.float_activations is None
+        else [p for p in args.float_activations if p.lower() != "none"],
+        keep_float_default=args.keep_float_default,
+        eval_tokens=args.eval_tokens,
+        agreement_prompts=args.agreement_prompts,
+        max_ppl_ratio=args.max_ppl_ratio,
+        min_greedy_agreement=args.min_greedy_agreement,
+    )

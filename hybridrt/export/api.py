@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..errors import ExportError
+from ..errors import CheckpointError, ExportError, GraphError
 from ..graphs.contract import input_specs, output_specs
 from ..graphs.manifest import GRAPH_FILES, TOKENIZER_FILES, Manifest
 from ..models.checkpoint import load_model
@@ -54,12 +54,14 @@ def export(
         raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
     src = resolve_source(src)
     t0 = time.perf_counter()
+    generation = _generation(src)
     say(f"loading {src}")
     model, hf = load_model(src)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         manifest = _write(model, hf, src, tmp, format, validate, say, fused_ops)
+        manifest.generation = generation
         manifest.provenance["export_seconds"] = round(time.perf_counter() - t0, 2)
         manifest.provenance["export_peak_rss_mb"] = round(_peak_rss_mb(), 1)
         manifest.record_files(tmp)
@@ -169,6 +171,17 @@ def _manifest(model: HybridForCausalLM, hf: dict[str, Any], src: Path, format: s
         vocab_size=cfg.vocab_size,
         provenance=provenance,
     )
+
+
+def _generation(src: Path) -> dict[str, Any] | None:
+    """The checkpoint's recommended generation settings (generation_config.json), checked
+    before any work is done."""
+    from ..graphs.generation import read_generation_config
+
+    try:
+        return read_generation_config(src)
+    except GraphError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _normal_permissions(directory: Path) -> None:

@@ -18,6 +18,7 @@ from ..errors import GraphError
 DEFAULT_NAME = "default"
 CHECKPOINT_DIR = Path(__file__).resolve().parent.parent / "data" / "default-model"
 FINGERPRINTED = ("config.json", "model.safetensors", "tokenizer.json")
+OPTIONAL = ("generation_config.json",)  # hashed when present; absent, the key is unchanged
 
 
 def cache_root() -> Path:
@@ -35,8 +36,10 @@ def fingerprint() -> str:
     from ..graphs.manifest import SCHEMA_VERSION
 
     h = hashlib.sha256(f"hybridrt {__version__} schema {SCHEMA_VERSION}".encode())
-    for name in FINGERPRINTED:
+    for name in FINGERPRINTED + OPTIONAL:
         path = CHECKPOINT_DIR / name
+        if name in OPTIONAL and not path.is_file():
+            continue
         if not path.is_file():
             raise GraphError(f"the default model is not installed: {path} is missing; reinstall hybridrt")
         h.update(name.encode())

@@ -9,11 +9,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import GenerationError
+from ..graphs.generation import merge
 from ..graphs.manifest import Manifest
 from . import decode as dec
 from .sampling import GenerationConfig
 from .state import Cache, new_cache
 from .text import Prompts, StreamDecoder, as_prompts, decode, need_tokenizer
+from .validate import check_eos_ids, check_memory
 
 Output = str | list[str] | list[int] | list[list[int]]
 
@@ -61,8 +63,8 @@ class Model:
 
     def generate(self, prompt: Any, **kwargs: Any) -> Output:
         """Generate for one prompt or a batch (left-padded; each row as if alone)."""
-        cfg = GenerationConfig.from_kwargs(**kwargs)
-        prompts = as_prompts(prompt, self.tokenizer, self.manifest.vocab_size)
+        cfg = self.config(kwargs)
+        prompts = self.prompts(prompt, cfg)
         self.check_length(prompts.rows, cfg)
         progress = dec.Progress()
         for _ in self.steps(self.new_cache(len(prompts.rows)), prompts.rows, cfg, progress):
@@ -71,9 +73,9 @@ class Model:
 
     def stream(self, prompt: str | Sequence[int], **kwargs: Any) -> Iterator[str]:
         """Text pieces of one prompt's continuation, as they are generated."""
-        cfg = GenerationConfig.from_kwargs(**kwargs)
+        cfg = self.config(kwargs)
         need_tokenizer(self.tokenizer)
-        prompts = as_prompts(prompt, self.tokenizer, self.manifest.vocab_size)
+        prompts = self.prompts(prompt, cfg)
         if not prompts.single:
             raise GenerationError("stream() takes one prompt; use generate() for a batch")
         self.check_length(prompts.rows, cfg)
@@ -86,6 +88,21 @@ class Model:
 
     # Building blocks shared with ChatSession.
 
+    def config(self, kwargs: dict[str, Any]) -> GenerationConfig:
+        """The caller's parameters over the model's recommended ones (manifest `generation`)."""
+        GenerationConfig.from_kwargs(**kwargs)  # the caller's own values, checked first
+        return GenerationConfig.from_kwargs(**merge(self.manifest.generation, kwargs))
+
+    def prompts(self, prompt: Any, cfg: GenerationConfig, add_special_tokens: bool = True) -> Prompts:
+        """Prompt rows; text gets the BOS token first when cfg.add_bos_token asks for it."""
+        prompts = as_prompts(prompt, self.tokenizer, self.manifest.vocab_size, add_special_tokens)
+        bos = self.manifest.special_tokens.get("bos_token_id")
+        if prompts.text and add_special_tokens and cfg.add_bos_token and isinstance(bos, int):
+            for row in prompts.rows:
+                if row[0] != bos:
+                    row.insert(0, bos)
+        return prompts
+
     def new_cache(self, batch: int) -> Cache:
         return new_cache(self.inference_session, self.manifest, batch, self.device, self.io_binding)
 
@@ -96,6 +113,8 @@ class Model:
                 f"prompt of {longest} tokens + max_new_tokens {cfg.max_new_tokens} exceeds the model's max length "
                 f"{self.max_length}; shorten the prompt or lower max_new_tokens"
             )
+        check_eos_ids(cfg.eos_ids(()), self.manifest.vocab_size)
+        check_memory(self.manifest, len(rows), longest + cfg.max_new_tokens, max(len(r) for r in rows))
 
     def steps(
         self,
@@ -174,9 +193,9 @@ class ChatSession:
 
     def _prepare(self, prompt: Any, kwargs: dict[str, Any]) -> tuple[GenerationConfig, Prompts]:
         m = self.model
-        cfg = GenerationConfig.from_kwargs(**kwargs)
+        cfg = m.config(kwargs)
         # Special tokens (BOS) open a conversation, not each turn.
-        prompts = as_prompts(prompt, m.tokenizer, m.manifest.vocab_size, add_special_tokens=not self.history)
+        prompts = m.prompts(prompt, cfg, add_special_tokens=not self.history)
         if not prompts.single:
             raise GenerationError("a chat session holds one sequence: pass one prompt per call")
         m.check_length(prompts.rows, cfg, past=len(self.history))
