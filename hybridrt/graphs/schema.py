@@ -60,29 +60,25 @@ TENSOR = Record(
     {"name": Check(str, bool, "a non-empty string"), "dims": ListOf(OneOf((str, NON_NEGATIVE))), "dtype": str},
     {"kind": str, "layer": Maybe(NON_NEGATIVE)},
 )
-PARITY = Record(
-    {},
-    {
-        "max_abs_logits": NUMBER,
-        "max_abs_state": NUMBER,
-        "tolerance": NUMBER,
-        "passed": bool,
-        "prompt": ListOf(Record({}, {"seq": NON_NEGATIVE})),
-        "decode": MapOf(object),
-    },
+EMPTY = Check(dict, lambda v: not v, "an empty object")
+PARITY = OneOf(
+    (
+        EMPTY,
+        Record(
+            {
+                "max_abs_logits": NUMBER,
+                "max_abs_state": NUMBER,
+                "tolerance": NUMBER,
+                "prompt": ListOf(Record({"seq": NON_NEGATIVE})),
+                "decode": MapOf(object),
+            },
+            {"passed": bool},
+        ),
+    )
 )
 REPORT = Record(
-    {},
-    {
-        "ppl_ratio": NUMBER,
-        "mean_kl": NUMBER,
-        "greedy_agreement": NUMBER,
-        "tokens": NON_NEGATIVE,
-        "nll_quantized": NUMBER,
-        "nll_delta": NUMBER,
-        "prompts": NON_NEGATIVE,
-        "greedy_tokens": NON_NEGATIVE,
-    },
+    {"ppl_ratio": NUMBER, "mean_kl": NUMBER, "greedy_agreement": NUMBER, "tokens": NON_NEGATIVE},
+    {"nll_quantized": NUMBER, "nll_delta": NUMBER, "prompts": NON_NEGATIVE, "greedy_tokens": NON_NEGATIVE},
 )
 QUANTIZATION = Record(
     {"mode": str},
@@ -92,7 +88,7 @@ QUANTIZATION = Record(
         "excluded": MapOf(object),
         "float_activations": Maybe(OneOf((ListOf(str), MapOf(object)))),
         "vocab": Maybe(MapOf(object)),
-        "size": Maybe(Record({}, {"bytes": NON_NEGATIVE, "ratio": NUMBER})),
+        "size": Maybe(Record({"bytes": NON_NEGATIVE, "ratio": NUMBER})),
         "report": Maybe(REPORT),
     },
 )
