@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(q))
         return 0
-    r, size = q["report"], q["size"]
+    r, size = q.get("report"), q["size"]
     algo = f" {q['algo']}" if q["algo"] else ""
     floats = q.get("float_activations") or {}
     mixed = f" ({len(floats)} of them with float activations)" if floats else ""
@@ -108,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
             f"embedding/LM head: {vocab} | {v['bytes'] / 1e6:.2f} MB (float {v['parent_bytes'] / 1e6:.2f} MB); "
             f"other weights {(size['bytes'] - v['bytes']) / 1e6:.2f} MB"
         )
+    if r is None:
+        print(f"no quality report: {q.get('report_skipped')}")
+        return 0
     print(
         f"vs float on {r['tokens']} held-out tokens: NLL {r['nll_quantized']:.4f} (Δ {r['nll_delta']:+.4f}) | "
         f"perplexity ratio {r['ppl_ratio']:.4f} | mean KL {r['mean_kl']:.2e} | greedy agreement "

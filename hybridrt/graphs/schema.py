@@ -90,6 +90,7 @@ QUANTIZATION = Record(
         "vocab": Maybe(MapOf(object)),
         "size": Maybe(Record({"bytes": NON_NEGATIVE, "ratio": NUMBER})),
         "report": Maybe(REPORT),
+        "report_skipped": str,
     },
 )
 GENERATION = Record(

@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import __version__
 from ..graphs.manifest import TOKENIZER_FILES, Manifest, read_manifest
+from ..runtime.text import TOKENIZER
 from .calibration import CalibrationReader, calibration_feeds, head, read_texts, split_text
 from .config import WEIGHT_BITS, QuantConfig, QuantizationError
 from .report import finite, quality_report
@@ -59,13 +60,14 @@ def quantize(
         raise QuantizationError(f"output directory {out} already exists; pass --force (force=True) to replace it")
     if out.resolve() == src.resolve():
         raise QuantizationError("the output directory is the model's own directory; choose another")
-    texts, eval_texts = _read_inputs(cfg, calibration, eval_text)
+    has_tokenizer = (src / TOKENIZER).is_file()
+    if not has_tokenizer:
+        _check_without_tokenizer(src, cfg, calibration, eval_text)
+    texts, eval_texts = _read_inputs(cfg, calibration, eval_text) if has_tokenizer else ([], [])
 
     t0 = time.perf_counter()
     parent = load(src, "cpu")
-    if parent.tokenizer is None:
-        raise QuantizationError(f"{src} has no tokenizer.json; calibration and the report need one")
-    reader, held_out = _calibrate(parent, cfg, texts, eval_texts, say)
+    reader, held_out = _calibrate(parent, cfg, texts, eval_texts, say) if has_tokenizer else (None, "")
     model, external = _load_graph(src / parent_manifest.graph_file)
     selection = select_nodes(model.graph, cfg)
     give_private_weights(model.graph, selection.quantize)
@@ -87,11 +89,17 @@ def quantize(
         manifest.quantization["vocab"] = vocab
         manifest.record_files(tmp)
         manifest.write(tmp)
-        say("measuring quality against the float model")
-        report = quality_report(parent, load(tmp, "cpu"), held_out, cfg)
-        _gate(report, cfg)
         record = manifest.quantization or {}
-        record |= {"report": report, "size": _sizes(src, tmp, parent_manifest.graph_file)}
+        if has_tokenizer:
+            say("measuring quality against the float model")
+            report = quality_report(parent, load(tmp, "cpu"), held_out, cfg)
+            _gate(report, cfg)
+            record["report"] = report
+        else:
+            load(tmp, "cpu")  # the quantized graph loads and matches its manifest
+            record["report_skipped"] = NO_REPORT
+            say(f"quality report skipped: {NO_REPORT}")
+        record["size"] = _sizes(src, tmp, parent_manifest.graph_file)
         record["seconds"] = round(time.perf_counter() - t0, 2)
         manifest.write(tmp)
         if out.exists():
@@ -102,6 +110,32 @@ def quantize(
         raise
     say(f"wrote {out}")
     return manifest
+
+
+NO_REPORT = (
+    "the model directory has no tokenizer.json, so there is no held-out text to measure; "
+    "copy the checkpoint's tokenizer.json into it for a quality report"
+)
+
+
+def _check_without_tokenizer(
+    src: Path, cfg: QuantConfig, calibration: Sequence[str | Path], eval_text: str | Path | None
+) -> None:
+    """Weight-only and dynamic modes need no text: without a tokenizer they run and skip the
+    quality report. What needs text (calibration, gates, an evaluation file) is an error."""
+    label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
+    why = None
+    if cfg.needs_calibration:
+        why = f"{label} calibrates on text"
+    elif calibration or eval_text is not None:
+        why = "calibration and evaluation text are read through it"
+    elif cfg.max_ppl_ratio is not None or cfg.min_greedy_agreement is not None:
+        why = "the quality gates (--max-ppl-ratio, --min-greedy-agreement) measure held-out text"
+    if why:
+        raise QuantizationError(
+            f"{src} has no {TOKENIZER}, and {why}; copy the checkpoint's {TOKENIZER} into it, or use "
+            "int4, int8-weight (rtn/hqq) or int8-dynamic without text options"
+        )
 
 
 def _read_inputs(
