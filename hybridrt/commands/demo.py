@@ -40,7 +40,13 @@ def _run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     from ..models.default import ensure_default_export
     from ..runtime import load
     from ..runtime.default import cached_export_dir
+    from ..runtime.sampling import GenerationConfig
+    from ..runtime.validate import check_text
 
+    # The flags are checked before the export, which takes a while.
+    check_text([args.prompt])
+    penalty = {} if args.repetition_penalty is None else {"repetition_penalty": args.repetition_penalty}
+    GenerationConfig.from_kwargs(max_new_tokens=args.max_new_tokens, **penalty)
     if args.rebuild and cached_export_dir().exists():
         import shutil
 

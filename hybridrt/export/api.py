@@ -10,7 +10,6 @@ import os
 import platform
 import resource
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from .. import __version__
 from ..errors import CheckpointError, ExportError, GraphError
 from ..graphs.contract import input_specs, output_specs
 from ..graphs.manifest import GRAPH_FILES, TOKENIZER_FILES, Manifest
+from ..graphs.output import temporary_beside
 from ..models.checkpoint import load_model
 from ..models.model import HybridForCausalLM
 from .trace import GraphModule, dynamic_shapes, example_inputs
@@ -57,8 +57,7 @@ def export(
     generation = _generation(src)
     say(f"loading {src}")
     model, hf = load_model(src)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = temporary_beside(out, ExportError)
     try:
         manifest = _write(model, hf, src, tmp, format, validate, say, fused_ops)
         manifest.generation = generation

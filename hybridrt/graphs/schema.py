@@ -57,8 +57,13 @@ NUMBER = Check((int, float), lambda v: True, "")
 NAME = Check(str, lambda v: bool(v) and "/" not in v and "\\" not in v and v not in (".", ".."), "a plain file name")
 TOKEN = Maybe(NON_NEGATIVE)
 TENSOR = Record(
-    {"name": Check(str, bool, "a non-empty string"), "dims": ListOf(OneOf((str, NON_NEGATIVE))), "dtype": str},
-    {"kind": str, "layer": Maybe(NON_NEGATIVE)},
+    {
+        "name": Check(str, bool, "a non-empty string"),
+        "dims": ListOf(OneOf((str, NON_NEGATIVE))),
+        "dtype": str,
+        "kind": str,
+    },
+    {"layer": Maybe(NON_NEGATIVE)},
 )
 EMPTY = Check(dict, lambda v: not v, "an empty object")
 PARITY = OneOf(

@@ -12,7 +12,6 @@ gates. On any error nothing is written.
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from .. import __version__
 from ..graphs.manifest import TOKENIZER_FILES, Manifest, read_manifest
+from ..graphs.output import temporary_beside
 from ..runtime.text import TOKENIZER
 from .calibration import CalibrationReader, calibration_feeds, head, read_texts, split_text
 from .config import WEIGHT_BITS, QuantConfig, QuantizationError
@@ -72,8 +72,7 @@ def quantize(
     selection = select_nodes(model.graph, cfg)
     give_private_weights(model.graph, selection.quantize)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = temporary_beside(out, QuantizationError)
     try:
         label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
         say(f"quantizing {len(selection.quantize)} nodes ({label})")
