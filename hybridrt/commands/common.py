@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import threading
 import time
@@ -55,10 +54,14 @@ def model_dir(name: str) -> Path:
     try:
         return default_model_dir()
     except GraphError as not_exported:
-        if not all(importlib.util.find_spec(m) for m in ("torch", "onnx", "onnxscript", "safetensors")):
+        try:
+            import onnx  # noqa: F401
+            import torch  # noqa: F401
+
+            from ..models.default import ensure_default_export
+        except ImportError:
             # The runtime-only install cannot export; default_model_dir's message says how.
             raise not_exported from None
-        from ..models.default import ensure_default_export
 
         with Ticker(prefix="default model: ") as say:
             directory, _ = ensure_default_export(say)

@@ -30,6 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..export import export  # noqa: F401 - needs the export extra: say so before any output
     from .common import Ticker
 
     with Ticker() as say:
