@@ -76,3 +76,17 @@ def test_inspect_piped_into_head_ends_quietly(jamba_onnx: Path, tmp_path: Path) 
     )
     assert done.stdout.startswith("model") and done.stdout.count("\n") == 1
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+def test_a_long_step_says_it_is_still_running(capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression: tracing, parity and GPTQ ran for up to 13 minutes without a line of output."""
+    import time
+
+    from hybridrt.commands.common import Ticker
+
+    with Ticker(every=1.0) as say:
+        say("tracing (onnx)")
+        time.sleep(2.5)
+    err = capsys.readouterr().err
+    assert "tracing (onnx)" in err and "... still tracing (onnx) (" in err
+    assert "\r" not in err

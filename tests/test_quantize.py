@@ -263,6 +263,7 @@ def test_quantize_without_tokenizer_skips_the_report(
     assert main(["quantize", str(src), "-o", str(out), "--mode", mode]) == 0
     captured = capsys.readouterr()
     assert "no quality report" in captured.out and "tokenizer.json" in captured.out
+    assert "\r" not in captured.err and " " * 20 not in captured.err  # plain progress lines in a log
     q = read_manifest(out).quantization
     assert q is not None and q["report"] is None and "tokenizer.json" in q["report_skipped"]
     assert len(_greedy(out)) == 12

@@ -40,11 +40,17 @@ class Ticker:
         stage(self.t0, self.prefix + message)
 
     def _tick(self) -> None:
-        while not self.done.wait(self.every):
+        # A line after `every` seconds of one stage, then at doubling intervals up to a
+        # minute: a 13-minute GPTQ step gives about 15 lines, not 80.
+        wait, shown = self.every, ""
+        while not self.done.wait(1.0):
             message, since = self.message, self.since
             running = time.perf_counter() - since
-            if message and running >= self.every:
+            if message != shown:
+                wait, shown = self.every, message
+            if message and running >= wait:
                 stage(self.t0, f"{self.prefix}... still {message.rstrip('.')} ({running:.0f} s)")
+                wait = running + min(running, 60.0)
 
 
 def model_dir(name: str) -> Path:
