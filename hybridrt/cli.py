@@ -73,8 +73,10 @@ def flags(message: str, parser: argparse.ArgumentParser | None) -> str:
     for action in parser._actions:
         if not action.option_strings:
             continue
-        flag = max(action.option_strings, key=len)
-        negative = next((o for o in action.option_strings if o.startswith("--no-")), None)
+        negative = None
+        if isinstance(action, argparse.BooleanOptionalAction):
+            negative = next(o for o in action.option_strings if o.startswith("--no-"))
+        flag = max((o for o in action.option_strings if o != negative), key=len)
         dest = re.escape(action.dest)
         message = re.sub(rf"\b{dest}=True\b", flag, message)
         message = re.sub(rf"\b{dest}=False\b", negative or f"no {flag}", message)

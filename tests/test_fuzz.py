@@ -409,6 +409,8 @@ def _cli_cases(onnx: Path, ckpt: Path, tmp: Path, rng: random.Random) -> Iterato
         ["quantize", d, "-o", str(tmp / "q"), "--mode", "int4", "--eval-text", str(tmp / "bin")],
         ["quantize", d, "-o", d, "--mode", "int4", "--force"],
         ["quantize", d, "-o", str(tmp / "q"), "--mode", "int4", "--keep-float-default", "maybe"],
+        # Fails late, at the quality gate, after the graph was written to a temporary directory.
+        ["quantize", d, "-o", str(tmp / "q"), "--mode", "int8-dynamic", "--eval-text", afile, "--max-ppl-ratio", "0.5"],
         ["bench"],
         ["bench", missing],
         ["bench", d, "--batch", "0"],
