@@ -181,6 +181,7 @@ def test_load_arguments(jamba_onnx: Path, tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("HYBRIDRT_CACHE", str(tmp_path / "cache"))
     (tmp_path / "file").write_text("x")
     paths: list[Any] = [tmp_path / "missing", tmp_path / "file", tmp_path, "", "default", "\udcff", str(jamba_onnx)]
+    paths += [None, 5, b"x", [str(jamba_onnx)], object()]
     providers: list[Any] = ["auto", "cpu", "nope", "", 5, None, ["cpu", 3], ("cpu", "x"), ("cpu", {"x": 1}), []]
     threads: list[Any] = [None, 1, 0, -1, "2", 1.5, True]
     cases = Cases()
@@ -194,6 +195,40 @@ def test_load_arguments(jamba_onnx: Path, tmp_path: Path, monkeypatch: pytest.Mo
         for value in ("x", None, 1):
             cases.run(f"load({flag}={value!r})", hybridrt.load, jamba_onnx, **{flag: value})
     cases.check(at_least=30)
+
+
+def test_quantization_options() -> None:
+    """Every QuantConfig field x every hostile value: quantize() reads its options through
+    QuantConfig.from_kwargs before any work, so this is what a hostile caller meets."""
+    from dataclasses import fields
+
+    from hybridrt.quantization import QuantConfig
+
+    cases = Cases()
+    for f in fields(QuantConfig):
+        for value in HOSTILE:
+            mode = {} if f.name == "mode" else {"mode": "int4"}
+            cases.run(f"QuantConfig({f.name}={value!r})", QuantConfig.from_kwargs, **mode, **{f.name: value})
+    cases.check(at_least=500)
+
+
+def test_export_and_quantize_arguments(jamba_onnx: Path, tmp_path: Path) -> None:
+    """Paths and texts of the wrong type fail before any work, and write nothing."""
+    from hybridrt.quantization import quantize
+
+    cases = Cases()
+    out = tmp_path / "out"
+    for value in HOSTILE:
+        if isinstance(value, str) and value:
+            continue  # a real relative path: it would be created in the working directory
+        cases.run(f"export_model({value!r}, out)", hybridrt.export_model, value, out)
+        cases.run(f"export_model(src, {value!r})", hybridrt.export_model, tmp_path / "missing", value)
+        cases.run(f"quantize({value!r}, out)", quantize, value, out, "int4")
+        cases.run(f"quantize(src, {value!r})", quantize, jamba_onnx, value, "int4")
+        cases.run(f"quantize(calibration={value!r})", quantize, jamba_onnx, out, "int8-static", calibration=value)
+        cases.run(f"quantize(eval_text={value!r})", quantize, jamba_onnx, out, "int8-static", eval_text=value)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    cases.check(at_least=150)
 
 
 # Damaged directories.

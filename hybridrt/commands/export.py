@@ -9,7 +9,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export a Hugging Face checkpoint directory (or 'default') to a graph")
     p.add_argument("src", help="checkpoint directory with config.json and *.safetensors, or 'default'")
     p.add_argument("-o", "--output", required=True, help="output directory (must not exist unless --force)")
-    p.add_argument("--format", default="onnx", choices=["onnx", "torchscript", "pt2"])
+    p.add_argument(
+        "--format",
+        default="onnx",
+        choices=["onnx", "torchscript", "pt2"],
+        help="graph format; the runtime runs onnx, torchscript and pt2 are for PyTorch users",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
     p.add_argument("--no-validate", action="store_true", help="skip the parity check against PyTorch")
     p.add_argument(

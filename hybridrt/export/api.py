@@ -24,6 +24,7 @@ from ..graphs.manifest import GRAPH_FILES, TOKENIZER_FILES, Manifest
 from ..graphs.output import temporary_beside
 from ..models.checkpoint import load_model
 from ..models.model import HybridForCausalLM
+from ..runtime.validate import as_path
 from .trace import GraphModule, dynamic_shapes, example_inputs
 
 FORMATS = tuple(GRAPH_FILES)
@@ -49,7 +50,7 @@ def export(
     say = progress or (lambda msg: None)
     if format not in FORMATS:
         raise ExportError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-    out = Path(out)
+    out = as_path(out, "out", ExportError)
     if out.exists() and not force:
         raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
     src = resolve_source(src)

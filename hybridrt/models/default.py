@@ -15,7 +15,10 @@ def resolve_source(src: str | Path) -> Path:
     if str(src) == DEFAULT_NAME:
         fingerprint()  # a clear error if the package's model files are missing
         return CHECKPOINT_DIR
-    return Path(src)
+    from ..errors import CheckpointError
+    from ..runtime.validate import as_path
+
+    return as_path(src, "the checkpoint directory", CheckpointError)
 
 
 def ensure_default_export(progress: Callable[[str], None] | None = None) -> tuple[Path, bool]:

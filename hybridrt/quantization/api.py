@@ -21,6 +21,7 @@ from .. import __version__
 from ..graphs.manifest import TOKENIZER_FILES, Manifest, read_manifest
 from ..graphs.output import temporary_beside
 from ..runtime.text import TOKENIZER
+from ..runtime.validate import as_path, as_paths
 from .calibration import CalibrationReader, calibration_feeds, head, read_texts, split_text
 from .config import WEIGHT_BITS, QuantConfig, QuantizationError
 from .report import finite, quality_report
@@ -54,7 +55,9 @@ def quantize(
 
     say = progress or (lambda msg: None)
     cfg = QuantConfig.from_kwargs(mode=mode, **options)
-    src, out = Path(src), Path(out)
+    src, out = as_path(src, "src", QuantizationError), as_path(out, "out", QuantizationError)
+    calibration = as_paths(calibration, "calibration", QuantizationError)
+    eval_text = None if eval_text is None else as_path(eval_text, "eval_text", QuantizationError)
     parent_manifest = _check_parent(src)
     if out.exists() and not force:
         raise QuantizationError(f"output directory {out} already exists; pass --force (force=True) to replace it")

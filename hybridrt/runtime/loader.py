@@ -14,6 +14,7 @@ from .default import DEFAULT_NAME, default_model_dir
 from .model import Model
 from .providers import CPU, ProviderRequest, Selection, device_of, select_providers
 from .text import load_tokenizer
+from .validate import as_path
 
 log = logging.getLogger("hybridrt.runtime")
 
@@ -47,7 +48,7 @@ def load(
     """
     import onnxruntime as ort
 
-    directory = default_model_dir() if str(path) == DEFAULT_NAME else Path(path)
+    directory = default_model_dir() if str(path) == DEFAULT_NAME else as_path(path, "the model directory", GraphError)
     manifest = read_manifest(directory)
     if manifest.format != "onnx":
         raise GraphError(f"{directory} holds a {manifest.format} graph; the runtime runs ONNX (export --format onnx)")

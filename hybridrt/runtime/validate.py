@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import GenerationError
+from ..errors import GenerationError, HybridrtError
 
 # Default ceiling of one generation's estimated memory (states, KV at full length, logits);
 # $HYBRIDRT_MAX_GENERATION_BYTES overrides it.
@@ -168,3 +169,19 @@ def check_memory(manifest: Any, batch: int, length: int, prompt_width: int) -> N
             f"logits, above the limit of {limit / 2**30:.2f} GiB; split the batch, shorten the prompts or "
             "max_new_tokens, or raise $HYBRIDRT_MAX_GENERATION_BYTES"
         )
+
+
+def as_path(value: object, what: str, error: type[HybridrtError] = GenerationError) -> Path:
+    """A str or os.PathLike argument as a Path; `error` naming `what` for anything else."""
+    if isinstance(value, str | os.PathLike) and str(value) and _encodable(str(value)):
+        return Path(value)
+    raise error(f"{what} must be a path (a non-empty str or pathlib.Path), got {_show(value)}")
+
+
+def as_paths(value: object, what: str, error: type[HybridrtError] = GenerationError) -> list[Path]:
+    """One path or a list of them."""
+    if isinstance(value, str | os.PathLike):
+        return [as_path(value, what, error)]
+    if isinstance(value, list | tuple):
+        return [as_path(v, what, error) for v in value]
+    raise error(f"{what} must be a path or a list of paths, got {_show(value)}")
