@@ -22,6 +22,7 @@ from .graphs.manifest import MANIFEST, SCHEMA_VERSION
 DEFAULT_NAME = "default"
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "data" / "default-model"
 FINGERPRINTED = ("config.json", "model.safetensors", "tokenizer.json")
+OPTIONAL = ("generation_config.json",)  # hashed when present; absent, the key is unchanged
 
 
 def is_default(name: str | Path) -> bool:
@@ -40,8 +41,10 @@ def fingerprint() -> str:
     """sha256 over the shipped checkpoint's files, the hybridrt version and the manifest
     schema version (first 16 hex digits)."""
     h = hashlib.sha256(f"hybridrt {__version__} schema {SCHEMA_VERSION}".encode())
-    for name in FINGERPRINTED:
+    for name in FINGERPRINTED + OPTIONAL:
         path = CHECKPOINT_DIR / name
+        if name in OPTIONAL and not path.is_file():
+            continue
         if not path.is_file():
             raise GraphError(f"the default model is not installed: {path} is missing; reinstall hybridrt")
         h.update(name.encode())
@@ -60,7 +63,10 @@ def checkpoint_dir(src: str | Path) -> Path:
     if is_default(src):
         fingerprint()  # a clear error if the package's model files are missing
         return CHECKPOINT_DIR
-    return Path(src)
+    from .errors import CheckpointError
+    from .runtime.validate import as_path
+
+    return as_path(src, "the checkpoint directory", CheckpointError)
 
 
 def exported_dir() -> Path:

@@ -6,6 +6,17 @@ from pathlib import Path
 
 import pytest
 from checkpoints import make_jamba, make_llama
+from fuzzing import TALLY
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The fuzz suite's tally (tests/test_fuzz.py), when it ran."""
+    if TALLY:
+        total = sum(TALLY.values())
+        terminalreporter.write_line(
+            f"fuzz: {total} cases, {TALLY['worked']} worked, {TALLY['typed error']} typed errors, "
+            f"{TALLY['failure']} failures"
+        )
 
 
 @pytest.fixture(scope="session")

@@ -225,6 +225,30 @@ def test_errors_write_nothing(jamba_onnx: Path, text_file: Path, tmp_path: Path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "empty.jsonl"]
 
 
+@pytest.mark.parametrize("mode", ["int4", "int8-dynamic", "int8-weight"])
+def test_quantize_without_tokenizer_skips_the_report(
+    jamba_onnx: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str
+) -> None:
+    """Regression: a directory without tokenizer.json could not be quantized in any mode."""
+    src = Path(shutil.copytree(jamba_onnx, tmp_path / "src"))
+    (src / "tokenizer.json").unlink()
+    data = json.loads((src / "hybridrt.json").read_text())
+    data["files"].pop("tokenizer.json")
+    (src / "hybridrt.json").write_text(json.dumps(data))
+    out = tmp_path / "q"
+    assert main(["quantize", str(src), "-o", str(out), "--mode", mode]) == 0
+    captured = capsys.readouterr()
+    assert "no quality report" in captured.out and "tokenizer.json" in captured.out
+    assert "\r" not in captured.err and " " * 20 not in captured.err  # plain progress lines in a log
+    q = read_manifest(out).quantization
+    assert q is not None and q["report"] is None and "tokenizer.json" in q["report_skipped"]
+    assert len(_greedy(out)) == 12
+    # What needs text is an error that names the tokenizer, and writes nothing.
+    gated = ["quantize", str(src), "-o", str(tmp_path / "g"), "--mode", mode, "--max-ppl-ratio", "2"]
+    assert main(gated) == 2
+    assert "no tokenizer.json" in capsys.readouterr().err and not (tmp_path / "g").exists()
+
+
 def test_quantized_model_is_not_quantized_again(jamba_onnx: Path, text_file: Path, tmp_path: Path) -> None:
     first = tmp_path / "q"
     quantize(jamba_onnx, first, "int8-weight", eval_text=text_file, agreement_prompts=1, eval_tokens=64)

@@ -17,12 +17,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text", required=True, type=Path, help="UTF-8 text file")
     p.add_argument("--window", type=int, help="tokens per window (default: min(max length, 1024))")
     p.add_argument("--stride", type=int, help="tokens between window starts (default: window / 2)")
-    p.add_argument("--provider", default="auto")
-    p.add_argument("--threads", type=int)
+    p.add_argument("--provider", default="auto", help="execution provider: auto, cpu, cuda, ...")
+    p.add_argument("--threads", type=int, help="CPU intra-op threads")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def read_text(path: Path) -> str:
+    if path.is_dir():
+        raise GenerationError(f"--text {path} is a directory; give a UTF-8 text file")
     if not path.is_file():
         raise GenerationError(f"text file not found: {path}")
     try:
@@ -36,16 +38,23 @@ def read_text(path: Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..runtime import load
-    from ..runtime.evaluate import evaluate
-    from .common import model_dir
+    from ..runtime.evaluate import eval_settings, evaluate
+    from ..runtime.text import need_tokenizer
+    from .common import Ticker, model_dir
 
     text = read_text(args.text)
     model = load(model_dir(args.model), args.provider, threads=args.threads)
-    from tqdm import tqdm
+    window, stride = eval_settings(model, args.window, args.stride)  # errors before any progress output
+    n = len(need_tokenizer(model.tokenizer).encode(text, add_special_tokens=False).ids)
+    if sys.stderr.isatty():
+        from tqdm import tqdm
 
-    n = len(model.tokenizer.encode(text, add_special_tokens=False).ids) if model.tokenizer else 0
-    with tqdm(total=max(n - 1, 0), unit="tok", desc="eval", file=sys.stderr, disable=args.json) as bar:
-        result = evaluate(model, text, args.window, args.stride, progress=bar.update)
+        with tqdm(total=max(n - 1, 0), unit="tok", desc="eval", file=sys.stderr) as bar:
+            result = evaluate(model, text, window, stride, progress=bar.update)
+    else:  # a log: plain lines, no carriage returns
+        with Ticker() as say:
+            say(f"eval: scoring {max(n - 1, 0)} tokens (window {window}, stride {stride})")
+            result = evaluate(model, text, window, stride)
     result |= {"model": str(model.path), "text": str(args.text)}
     if args.json:
         print(json.dumps(result))

@@ -17,15 +17,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text with an exported model (torch-free)")
     p.add_argument("model", help="exported directory (holding hybridrt.json and model.onnx), or 'default'")
     p.add_argument("prompt", help="prompt text")
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
-    p.add_argument("--min-new-tokens", type=int, default=DEFAULTS.min_new_tokens)
-    p.add_argument("--temperature", type=float, help="sample at this temperature (0: greedy; default: greedy)")
-    p.add_argument("--top-k", type=int, help="sample from the k most likely tokens")
-    p.add_argument("--top-p", type=float, help="sample from the smallest set holding this probability mass")
-    p.add_argument("--repetition-penalty", type=float, default=DEFAULTS.repetition_penalty)
-    p.add_argument("--seed", type=int, help="seed for sampling")
+    rec = "default: the model's recommended value, else"
+    p.add_argument("--max-new-tokens", type=int, help=f"tokens to generate at most ({rec} {DEFAULTS.max_new_tokens})")
+    p.add_argument("--min-new-tokens", type=int, help=f"tokens before EOS may end the text ({rec} 0)")
+    p.add_argument(
+        "--do-sample",
+        action=argparse.BooleanOptionalAction,
+        help="sample (--do-sample) or decode greedily (--no-do-sample); default: sample when --temperature, "
+        "--top-k or --top-p is given, else the model's recommendation, else greedy",
+    )
+    p.add_argument(
+        "--temperature", type=float, help="sampling temperature > 0; 0 means greedy (default: 1 when sampling)"
+    )
+    p.add_argument("--top-k", type=int, help="sample from the k most likely tokens (default: off)")
+    p.add_argument(
+        "--top-p", type=float, help="sample from the smallest set holding this probability mass (default: off)"
+    )
+    p.add_argument("--repetition-penalty", type=float, help=f"> 1 discourages repeats ({rec} 1.0 = off)")
+    p.add_argument("--seed", type=int, help="seed for sampling (default: a fresh one each run)")
     p.add_argument("--stop", action="append", dest="stop_strings", help="stop after this string (repeatable)")
-    p.add_argument("--provider", default="auto", help="auto, cpu, cuda, acl, xnnpack, or a full provider name")
+    p.add_argument(
+        "--provider", default="auto", help="execution provider: auto, cpu, cuda, acl, xnnpack, or a full provider name"
+    )
     p.add_argument("--allow-fallback", action="store_true", help="run on CPU if the provider is missing")
     p.add_argument("--threads", type=int, help="CPU intra-op threads")
     p.add_argument("--no-stream", action="store_true", help="print the whole text at the end")
@@ -36,11 +49,9 @@ def run(args: argparse.Namespace) -> int:
     from .common import model_dir
 
     model = load(model_dir(args.model), args.provider, allow_fallback=args.allow_fallback, threads=args.threads)
-    kwargs = {
-        k: getattr(args, k)
-        for k in ("max_new_tokens", "min_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed")
-    }
-    kwargs["stop_strings"] = args.stop_strings
+    names = ("max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
+    # Flags left out keep the model's recommended values (its manifest's `generation`).
+    kwargs = {k: getattr(args, k) for k in (*names, "seed", "stop_strings") if getattr(args, k) is not None}
     if args.no_stream:
         text, stats = model.generate_with_stats(args.prompt, **kwargs)
         print(text)

@@ -10,10 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..quantization.config import ALGOS, CALIB_METHODS, MODES, QuantConfig
+
+if TYPE_CHECKING:
+    from ..graphs.manifest import Manifest
 
 DEFAULTS = QuantConfig()
 
@@ -82,18 +86,52 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..graphs.inspect import describe_vocab
-    from ..quantization.api import quantize
-    from .common import model_dir, stage
+    from .common import Ticker
 
-    t0 = time.perf_counter()
-    manifest = quantize(
+    with Ticker() as say:
+        manifest = _quantize(args, say)
+    q = manifest.quantization or {}
+    if args.json:
+        print(json.dumps(q))
+        return 0
+    r, size = q.get("report"), q["size"]
+    algo = f" {q['algo']}" if q["algo"] else ""
+    floats = q.get("float_activations") or {}
+    mixed = f" ({len(floats)} of them with float activations)" if floats else ""
+    print(
+        f"{args.output}: {q['mode']}{algo}, {len(q['quantized_nodes'])} nodes quantized{mixed}, "
+        f"{len(q['excluded'])} kept float | {size['bytes'] / 1e6:.2f} MB ({size['ratio']:.3f} of the float graph)"
+    )
+    v, vocab = q.get("vocab") or {}, describe_vocab(q.get("vocab"))
+    if vocab:
+        print(
+            f"embedding/LM head: {vocab} | {v['bytes'] / 1e6:.2f} MB (float {v['parent_bytes'] / 1e6:.2f} MB); "
+            f"other weights {(size['bytes'] - v['bytes']) / 1e6:.2f} MB"
+        )
+    if r is None:
+        print(f"no quality report: {q.get('report_skipped')}")
+        return 0
+    print(
+        f"vs float on {r['tokens']} held-out tokens: NLL {r['nll_quantized']:.4f} (Δ {r['nll_delta']:+.4f}) | "
+        f"perplexity ratio {r['ppl_ratio']:.4f} | mean KL {r['mean_kl']:.2e} | greedy agreement "
+        f"{r['greedy_agreement']:.3f} ({r['prompts']} prompts x {r['greedy_tokens']} tokens)"
+    )
+    sys.stdout.flush()
+    return 0
+
+
+def _quantize(args: argparse.Namespace, say: Callable[[str], None]) -> Manifest:
+    from ..quantization.api import quantize
+    from .common import model_dir
+
+    return quantize(
         model_dir(args.model),
         args.output,
         args.mode,
         calibration=args.calibration,
         eval_text=args.eval_text,
         force=args.force,
-        progress=lambda msg: stage(t0, msg),
+        progress=say,
         algo=args.algo,
         block_size=args.block_size,
         accuracy_level=args.accuracy_level,
@@ -113,28 +151,3 @@ def run(args: argparse.Namespace) -> int:
         max_ppl_ratio=args.max_ppl_ratio,
         min_greedy_agreement=args.min_greedy_agreement,
     )
-    q = manifest.quantization or {}
-    if args.json:
-        print(json.dumps(q))
-        return 0
-    r, size = q["report"], q["size"]
-    algo = f" {q['algo']}" if q["algo"] else ""
-    floats = q.get("float_activations") or {}
-    mixed = f" ({len(floats)} of them with float activations)" if floats else ""
-    print(
-        f"{args.output}: {q['mode']}{algo}, {len(q['quantized_nodes'])} nodes quantized{mixed}, "
-        f"{len(q['excluded'])} kept float | {size['bytes'] / 1e6:.2f} MB ({size['ratio']:.3f} of the float graph)"
-    )
-    v, vocab = q.get("vocab") or {}, describe_vocab(q.get("vocab"))
-    if vocab:
-        print(
-            f"embedding/LM head: {vocab} | {v['bytes'] / 1e6:.2f} MB (float {v['parent_bytes'] / 1e6:.2f} MB); "
-            f"other weights {(size['bytes'] - v['bytes']) / 1e6:.2f} MB"
-        )
-    print(
-        f"vs float on {r['tokens']} held-out tokens: NLL {r['nll_quantized']:.4f} (Δ {r['nll_delta']:+.4f}) | "
-        f"perplexity ratio {r['ppl_ratio']:.4f} | mean KL {r['mean_kl']:.2e} | greedy agreement "
-        f"{r['greedy_agreement']:.3f} ({r['prompts']} prompts x {r['greedy_tokens']} tokens)"
-    )
-    sys.stdout.flush()
-    return 0

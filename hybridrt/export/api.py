@@ -16,12 +16,13 @@ from typing import Any
 import torch
 
 from .._version import __version__
-from ..errors import ExportError
+from ..errors import CheckpointError, ExportError, GraphError
 from ..graphs.contract import input_specs, output_specs
 from ..graphs.files import atomic_directory, copy_tokenizer
 from ..graphs.manifest import GRAPH_FILES, Manifest
 from ..models.checkpoint import load_model
 from ..models.model import HybridForCausalLM
+from ..runtime.validate import as_path
 from .trace import GraphModule, dynamic_shapes, example_inputs
 
 FORMATS = tuple(GRAPH_FILES)
@@ -45,15 +46,17 @@ def export(
     say = progress or (lambda msg: None)
     if format not in FORMATS:
         raise ExportError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-    out = Path(out)
+    out = as_path(out, "out", ExportError)
     if out.exists() and not force:
         raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
     src = Path(src)
     t0 = time.perf_counter()
+    generation = _generation(src)
     say(f"loading {src}")
     model, hf = load_model(src)
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, ExportError) as tmp:
         manifest = _write(model, hf, src, tmp, format, validate, say, fused_ops)
+        manifest.generation = generation
         manifest.provenance["export_seconds"] = round(time.perf_counter() - t0, 2)
         manifest.provenance["export_peak_rss_mb"] = round(_peak_rss_mb(), 1)
         manifest.record_files(tmp)
@@ -154,6 +157,17 @@ def _manifest(model: HybridForCausalLM, hf: dict[str, Any], src: Path, format: s
         vocab_size=cfg.vocab_size,
         provenance=provenance,
     )
+
+
+def _generation(src: Path) -> dict[str, Any] | None:
+    """The checkpoint's recommended generation settings (generation_config.json), checked
+    before any work is done."""
+    from ..graphs.generation import read_generation_config
+
+    try:
+        return read_generation_config(src)
+    except GraphError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _peak_rss_mb() -> float:

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..errors import HybridrtError
 from .manifest import TOKENIZER_FILES
 
 # onnx 1.23 writes IR 14 by default, newer than many onnxruntime builds read (1.31 stops at
@@ -27,12 +28,18 @@ EXTERNAL_SIZE_THRESHOLD = 1024
 
 
 @contextmanager
-def atomic_directory(out: str | Path) -> Iterator[Path]:
+def atomic_directory(out: str | Path, error: type[HybridrtError] = HybridrtError) -> Iterator[Path]:
     """Yields an empty temporary directory beside `out`; when the block ends without error it
-    replaces `out` (an existing `out` is swapped out, then removed) with ordinary permissions."""
+    replaces `out` (an existing `out` is swapped out, then removed) with ordinary permissions.
+    A parent that cannot be written is `error`, naming the directory."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:
+        raise error(
+            f"cannot write beside {out}: {e.strerror} ({e.filename}); choose another output directory"
+        ) from None
     try:
         yield tmp
         _normal_permissions(tmp)

@@ -77,6 +77,8 @@ def _quantization_lines(q: dict[str, Any]) -> list[str]:
         lines.append(f"  vocabulary {vocab}")
     if size:
         lines.append(f"  size       {size['bytes'] / 2**20:.1f} MiB, {size['ratio']:.3f} of the float graph")
+    if q.get("report_skipped"):
+        lines.append(f"  report     none: {q['report_skipped']}")
     if report:
         lines.append(
             f"  report     perplexity ratio {report['ppl_ratio']:.4f}, mean KL {report['mean_kl']:.2e}, "

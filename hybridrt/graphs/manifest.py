@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import GraphError
 from .contract import TensorSpec
+from .schema import check_manifest
 
 SCHEMA_VERSION = 1
 MANIFEST = "hybridrt.json"
@@ -54,6 +55,7 @@ class Manifest:
     provenance: dict[str, Any] = field(default_factory=dict)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     parity: dict[str, Any] = field(default_factory=dict)
+    generation: dict[str, Any] | None = None  # recommended settings (graphs/generation.py)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -83,6 +85,7 @@ class Manifest:
             "quantization": self.quantization,
             "provenance": self.provenance,
             "parity": self.parity,
+            "generation": self.generation,
             "files": self.files,
             "config": self.config,
         }
@@ -117,6 +120,7 @@ class Manifest:
             provenance=d.get("provenance", {}),
             files=d.get("files", {}),
             parity=d.get("parity", {}),
+            generation=d.get("generation"),
             schema_version=int(d.get("schema_version", SCHEMA_VERSION)),
         )
 
@@ -131,10 +135,13 @@ def read_manifest(directory: str | Path) -> Manifest:
             f"{directory} has no {MANIFEST}; export a checkpoint with `hybridrt export SRC -o {directory}`"
         )
     try:
-        data = json.loads(path.read_text())
-        manifest = Manifest.from_dict(data)
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise GraphError(f"{path} is corrupt or not a hybridrt manifest ({e!r}); re-export the model") from None
+    except OSError as e:
+        raise GraphError(f"{path} cannot be read ({e.strerror}); check its permissions") from None
+    check_manifest(data, str(path), tuple(GRAPH_FILES))
+    manifest = Manifest.from_dict(data)
     if manifest.schema_version > SCHEMA_VERSION:
         raise GraphError(
             f"{path} has schema version {manifest.schema_version}; this hybridrt reads up to {SCHEMA_VERSION}. "

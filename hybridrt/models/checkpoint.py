@@ -5,6 +5,7 @@ Weights come only from safetensors: nothing is unpickled and no checkpoint code 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -40,7 +41,43 @@ def read_hf_config(src: Path) -> dict[str, Any]:
 def load_config(src: str | Path) -> tuple[HybridConfig, Family, dict[str, Any]]:
     hf = read_hf_config(Path(src))
     family = get_family(hf.get("model_type"))
-    return family.translate(hf), family, hf
+    try:
+        cfg = family.translate(hf)
+    except (TypeError, ValueError, KeyError, ZeroDivisionError) as e:
+        raise CheckpointError(
+            f"{Path(src) / 'config.json'} has a field of the wrong type or value ({type(e).__name__}: {e}); "
+            "compare it with the model family's config in transformers"
+        ) from None
+    check_sizes(cfg, Path(src))
+    return cfg, family, hf
+
+
+def check_sizes(cfg: HybridConfig, src: Path) -> None:
+    """Every integer field of the translated config is an integer >= 0, the sizes >= 1,
+    every float a finite number: a config.json field of the wrong JSON type is named here."""
+    import math
+
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.type in ("int", "int | None") and value is not None:
+            low = 1 if f.name in POSITIVE else 0
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise CheckpointError(_field_message(src, f.name, value, f"an integer >= {low}"))
+        elif f.type in ("float", "float | None") and value is not None:
+            if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+                raise CheckpointError(_field_message(src, f.name, value, "a finite number"))
+        elif f.type == "bool" and not isinstance(value, bool):
+            raise CheckpointError(_field_message(src, f.name, value, "true or false"))
+
+
+POSITIVE = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "max_position_embeddings")
+
+
+def _field_message(src: Path, name: str, value: object, allowed: str) -> str:
+    return (
+        f"{src / 'config.json'}: {name} (as hybridrt reads it) must be {allowed}, got {value!r}; "
+        "fix the checkpoint's config.json"
+    )
 
 
 def weight_files(src: Path) -> list[Path]:
@@ -101,7 +138,10 @@ def load_model(src: str | Path) -> tuple[HybridForCausalLM, dict[str, Any]]:
     src = Path(src)
     cfg, family, hf = load_config(src)
     tensors = read_tensors(weight_files(src), family)
-    model = HybridForCausalLM(cfg)
+    try:
+        model = HybridForCausalLM(cfg)
+    except (TypeError, ValueError, RuntimeError, ZeroDivisionError) as e:
+        raise CheckpointError(f"{src}: config.json describes a model that cannot be built ({e})") from None
     expected = model.state_dict()
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)

@@ -21,6 +21,8 @@ from .._version import __version__
 from ..errors import QuantizationError
 from ..graphs.files import atomic_directory, copy_tokenizer, save_onnx
 from ..graphs.manifest import Manifest, read_manifest
+from ..runtime.text import TOKENIZER
+from ..runtime.validate import as_path, as_paths
 from . import methods, rewrites
 from .calibration import CalibrationReader, calibration_feeds, head, read_texts, split_text
 from .config import INT8_BLOCK, WEIGHT_BITS, QuantConfig
@@ -52,18 +54,21 @@ def quantize(
 
     say = progress or (lambda msg: None)
     cfg = QuantConfig.from_kwargs(mode=mode, **options)
-    src, out = Path(src), Path(out)
+    src, out = as_path(src, "src", QuantizationError), as_path(out, "out", QuantizationError)
+    calibration = as_paths(calibration, "calibration", QuantizationError)
+    eval_text = None if eval_text is None else as_path(eval_text, "eval_text", QuantizationError)
     parent_manifest = _check_paths(src, out, force)
-    texts, eval_texts = _read_inputs(cfg, calibration, eval_text)
+    has_tokenizer = (src / TOKENIZER).is_file()
+    if not has_tokenizer:
+        _check_without_tokenizer(src, cfg, calibration, eval_text)
+    texts, eval_texts = _read_inputs(cfg, calibration, eval_text) if has_tokenizer else ([], [])
     t0 = time.perf_counter()
     parent = load(src, "cpu")
-    if parent.tokenizer is None:
-        raise QuantizationError(f"{src} has no tokenizer.json; calibration and the report need one")
-    reader, held_out = _calibrate(parent, cfg, texts, eval_texts, say)
+    reader, held_out = _calibrate(parent, cfg, texts, eval_texts, say) if has_tokenizer else (None, "")
     model, external = _load_graph(src / parent_manifest.graph_file)
     selection = select_nodes(model.graph, cfg)
     rewrites.give_private_weights(model.graph, selection.quantize)
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, QuantizationError) as tmp:
         label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
         say(f"quantizing {len(selection.quantize)} nodes ({label})")
         quantized = _run(model, cfg, selection, reader, tmp, external)
@@ -75,11 +80,16 @@ def quantize(
         manifest.quantization = (manifest.quantization or {}) | {"vocab": vocab}
         manifest.record_files(tmp)
         manifest.write(tmp)
-        say("measuring quality against the float model")
-        report = quality_report(parent, load(tmp, "cpu"), held_out, cfg)
-        _gate(report, cfg)
+        if has_tokenizer:
+            say("measuring quality against the float model")
+            report = quality_report(parent, load(tmp, "cpu"), held_out, cfg)
+            _gate(report, cfg)
+            manifest.quantization |= {"report": report}
+        else:
+            load(tmp, "cpu")  # the quantized graph loads and matches its manifest
+            manifest.quantization |= {"report_skipped": NO_REPORT}
+            say(f"quality report skipped: {NO_REPORT}")
         manifest.quantization |= {
-            "report": report,
             "size": _sizes(src, tmp, parent_manifest.graph_file),
             "seconds": round(time.perf_counter() - t0, 2),
         }
@@ -96,6 +106,32 @@ def _check_paths(src: Path, out: Path, force: bool) -> Manifest:
     if out.resolve() == src.resolve():
         raise QuantizationError("the output directory is the model's own directory; choose another")
     return manifest
+
+
+NO_REPORT = (
+    "the model directory has no tokenizer.json, so there is no held-out text to measure; "
+    "copy the checkpoint's tokenizer.json into it for a quality report"
+)
+
+
+def _check_without_tokenizer(
+    src: Path, cfg: QuantConfig, calibration: Sequence[str | Path], eval_text: str | Path | None
+) -> None:
+    """Weight-only and dynamic modes need no text: without a tokenizer they run and skip the
+    quality report. What needs text (calibration, gates, an evaluation file) is an error."""
+    label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
+    why = None
+    if cfg.needs_calibration:
+        why = f"{label} calibrates on text"
+    elif calibration or eval_text is not None:
+        why = "calibration and evaluation text are read through it"
+    elif cfg.max_ppl_ratio is not None or cfg.min_greedy_agreement is not None:
+        why = "the quality gates (--max-ppl-ratio, --min-greedy-agreement) measure held-out text"
+    if why:
+        raise QuantizationError(
+            f"{src} has no {TOKENIZER}, and {why}; copy the checkpoint's {TOKENIZER} into it, or use "
+            "int4, int8-weight (rtn/hqq) or int8-dynamic without text options"
+        )
 
 
 def _read_inputs(

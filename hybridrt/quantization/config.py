@@ -3,6 +3,7 @@ that the Python API and `hybridrt quantize` both read."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -69,9 +70,9 @@ class QuantConfig:
                 f"unknown quantization option {', '.join(unknown)}; known: {', '.join(sorted(names))}"
             )
         for key in ("exclude", "include"):
-            if key in kwargs:
+            if key in kwargs and (kwargs[key] is None or isinstance(kwargs[key], list | tuple)):
                 kwargs[key] = tuple(kwargs[key] or ())
-        if kwargs.get("float_activations") is not None:
+        if isinstance(kwargs.get("float_activations"), list | tuple):
             kwargs["float_activations"] = tuple(kwargs["float_activations"])
         cfg = cls(**kwargs)
         cfg.validate()
@@ -90,6 +91,7 @@ class QuantConfig:
         return self.mode == "int8-static" or self.resolved_algo == "gptq"
 
     def validate(self) -> None:
+        self._check_types()
         if self.mode not in MODES:
             raise QuantizationError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.algo is not None and not self.weight_only:
@@ -115,3 +117,23 @@ class QuantConfig:
             raise QuantizationError(f"accuracy level must be 0-4 (MatMulNBits), got {self.accuracy_level}")
         if self.seq_len < 2 or self.prompt_tokens < 1 or self.decode_steps < 0:
             raise QuantizationError("need seq_len >= 2, prompt_tokens >= 1 and decode_steps >= 0")
+
+    def _check_types(self) -> None:
+        """Each field's value has its annotated type (a bool is not an int; numbers finite)."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and "None" in str(f.type):
+                continue
+            kind = str(f.type).removesuffix(" | None")
+            if kind == "int":
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            elif kind == "float":
+                ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            elif kind == "bool":
+                ok = isinstance(value, bool)
+            elif kind == "str":
+                ok = isinstance(value, str)
+            else:  # tuple[str, ...]
+                ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+            if not ok:
+                raise QuantizationError(f"{f.name} must be of type {kind}, got {value!r}")

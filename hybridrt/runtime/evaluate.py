@@ -105,6 +105,19 @@ def score_text(
     }
 
 
+def eval_settings(model: Any, window: int | None, stride: int | None) -> tuple[int, int]:
+    """The window and stride evaluate() will use, checked before any work is done."""
+    if model.tokenizer is None:
+        raise GenerationError(f"{model.path} has no tokenizer.json; evaluation of text needs one")
+    window = min(model.max_length, 1024) if window is None else window
+    if not 2 <= window <= model.max_length:
+        raise GenerationError(f"window must be in [2, {model.max_length}] (the model's max length), got {window}")
+    stride = window // 2 if stride is None else stride
+    if not 0 < stride <= window:
+        raise GenerationError(f"stride must be in [1, window = {window}], got {stride}")
+    return window, stride
+
+
 def evaluate(
     model: Any,
     text: str,
@@ -113,10 +126,5 @@ def evaluate(
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """score_text with the runtime model's ONNX session and tokenizer."""
-    if model.tokenizer is None:
-        raise GenerationError(f"{model.path} has no tokenizer.json; evaluation of text needs one")
-    window = window or min(model.max_length, 1024)
-    stride = stride or window // 2
-    if window > model.max_length:
-        raise GenerationError(f"window {window} exceeds the model's max length {model.max_length}")
+    window, stride = eval_settings(model, window, stride)
     return score_text(ort_logits_fn(model), model.tokenizer, text, window, stride, progress)

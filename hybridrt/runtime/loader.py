@@ -7,13 +7,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..default_model import model_dir
+from ..default_model import is_default, model_dir
 from ..errors import GraphError, ProviderError
 from ..graphs.contract import TensorSpec, present_name
 from ..graphs.manifest import MANIFEST, Manifest, read_manifest, verify_files
 from .model import Model
 from .providers import CPU, ProviderRequest, ProviderSelection, device_of, select_providers
 from .text import load_tokenizer
+from .validate import as_path
 
 log = logging.getLogger("hybridrt.runtime")
 
@@ -47,7 +48,7 @@ def load(
     """
     import onnxruntime as ort
 
-    directory = model_dir(path)
+    directory = model_dir(path) if is_default(path) else as_path(path, "the model directory", GraphError)
     manifest = read_manifest(directory)
     if manifest.format != "onnx":
         raise GraphError(f"{directory} holds a {manifest.format} graph; the runtime runs ONNX (export --format onnx)")

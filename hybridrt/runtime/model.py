@@ -9,11 +9,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import GenerationError
+from ..graphs.generation import merge
 from ..graphs.manifest import Manifest
 from . import decode as dec
 from .sampling import GenerationConfig
 from .state import Stepper, new_stepper
 from .text import Prompts, StreamDecoder, as_prompts, decode, need_tokenizer
+from .validate import check_eos_ids, check_memory
 
 Output = str | list[str] | list[int] | list[list[int]]
 
@@ -83,8 +85,8 @@ class Model:
 
     def generate_with_stats(self, prompt: Any, **kwargs: Any) -> tuple[Output, dec.GenerationStats]:
         """As generate, with what the generation did: token counts and timings."""
-        cfg = GenerationConfig.from_kwargs(**kwargs)
-        prompts = as_prompts(prompt, self.tokenizer, self.manifest.vocab_size)
+        cfg = self._config(kwargs)
+        prompts = self._prompts(prompt, cfg)
         self._check_length(prompts.rows, cfg)
         stats = dec.GenerationStats()
         for _ in self._steps(self._new_stepper(len(prompts.rows)), prompts.rows, cfg, stats):
@@ -93,9 +95,9 @@ class Model:
 
     def stream(self, prompt: str | Sequence[int], **kwargs: Any) -> TextStream:
         """Text pieces of one prompt's continuation, as they are generated (see TextStream)."""
-        cfg = GenerationConfig.from_kwargs(**kwargs)
+        cfg = self._config(kwargs)
         need_tokenizer(self.tokenizer)
-        prompts = as_prompts(prompt, self.tokenizer, self.manifest.vocab_size)
+        prompts = self._prompts(prompt, cfg)
         if not prompts.single:
             raise GenerationError("stream() takes one prompt; use generate() for a batch")
         self._check_length(prompts.rows, cfg)
@@ -108,6 +110,21 @@ class Model:
 
     # Building blocks shared with ChatSession (private to this module).
 
+    def _config(self, kwargs: dict[str, Any]) -> GenerationConfig:
+        """The caller's parameters over the model's recommended ones (manifest `generation`)."""
+        GenerationConfig.from_kwargs(**kwargs)  # the caller's own values, checked first
+        return GenerationConfig.from_kwargs(**merge(self.manifest.generation, kwargs))
+
+    def _prompts(self, prompt: Any, cfg: GenerationConfig, add_special_tokens: bool = True) -> Prompts:
+        """Prompt rows; text gets the BOS token first when cfg.add_bos_token asks for it."""
+        prompts = as_prompts(prompt, self.tokenizer, self.manifest.vocab_size, add_special_tokens)
+        bos = self.manifest.special_tokens.get("bos_token_id")
+        if prompts.text and add_special_tokens and cfg.add_bos_token and isinstance(bos, int):
+            for row in prompts.rows:
+                if row[0] != bos:
+                    row.insert(0, bos)
+        return prompts
+
     def _new_stepper(self, batch: int) -> Stepper:
         return new_stepper(self.inference_session, self.manifest, batch, self.device, self.io_binding)
 
@@ -118,6 +135,8 @@ class Model:
                 f"prompt of {longest} tokens + max_new_tokens {cfg.max_new_tokens} exceeds the model's max length "
                 f"{self.max_length}; shorten the prompt or lower max_new_tokens"
             )
+        check_eos_ids(cfg.eos_ids(()), self.manifest.vocab_size)
+        check_memory(self.manifest, len(rows), longest + cfg.max_new_tokens, max(len(r) for r in rows))
 
     def _steps(
         self,
@@ -200,9 +219,9 @@ class ChatSession:
 
     def _prepare(self, prompt: Any, kwargs: dict[str, Any]) -> tuple[GenerationConfig, Prompts]:
         m = self.model
-        cfg = GenerationConfig.from_kwargs(**kwargs)
+        cfg = m._config(kwargs)
         # Special tokens (BOS) open a conversation, not each turn.
-        prompts = as_prompts(prompt, m.tokenizer, m.manifest.vocab_size, add_special_tokens=not self.history)
+        prompts = m._prompts(prompt, cfg, add_special_tokens=not self.history)
         if not prompts.single:
             raise GenerationError("a chat session holds one sequence: pass one prompt per call")
         m._check_length(prompts.rows, cfg, past=len(self.history))

@@ -71,8 +71,10 @@ def select_providers(
     `available` is onnxruntime.get_available_providers() (passed in so the logic is testable on
     declared lists). Options per provider: `threads` and `device_id`; other keys pass through.
     """
-    if threads is not None and threads < 1:
-        raise ProviderError(f"threads must be at least 1, got {threads}")
+    if threads is not None and (not _is_count(threads) or threads < 1):
+        raise ProviderError(
+            f"threads must be an integer in [1, {MAX_THREADS}] (or None for ONNX Runtime's choice), got {threads!r}"
+        )
     if isinstance(request, str) and request.lower() == "auto":
         return _finish([(p, {}) for p in PREFERENCE if p in available], threads, [])
     chosen: list[tuple[str, dict[str, Any]]] = []
@@ -92,6 +94,8 @@ def select_providers(
 def _entries(request: ProviderRequest) -> list[tuple[str, dict[str, Any]]]:
     if isinstance(request, str) or (isinstance(request, tuple) and len(request) == 2 and isinstance(request[1], dict)):
         request = [request]  # type: ignore[list-item]
+    if not isinstance(request, list | tuple):
+        raise ProviderError(f"cannot read provider {request!r}: give 'auto', a name, or a list of names")
     entries: list[tuple[str, dict[str, Any]]] = []
     for item in request:
         if isinstance(item, str):
@@ -115,9 +119,18 @@ def _finish(chosen: list[tuple[str, dict[str, Any]]], threads: int | None, missi
         if n is not None and name == "XnnpackExecutionProvider":
             opts["intra_op_num_threads"] = n  # XNNPACK keeps its own thread pool
         elif n is not None:
+            if not _is_count(n) or n < 1:
+                raise ProviderError(f"provider option threads must be an integer in [1, {MAX_THREADS}], got {n!r}")
             threads = int(n)
         providers.append((name, {k: str(v) for k, v in opts.items()}))
     return ProviderSelection(providers, threads, missing)
+
+
+MAX_THREADS = 4096  # onnxruntime takes an int32; more threads than this is a typo
+
+
+def _is_count(n: object) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n <= MAX_THREADS
 
 
 def _hint(name: str) -> str:

@@ -24,7 +24,9 @@ class GenerationConfig:
 
     `do_sample=None` samples when any of temperature/top_k/top_p is given, except that
     `temperature=0` means greedy. `eos_token_id=None` takes the model's EOS ids from its
-    manifest; `eos_token_id=[]` never stops early.
+    manifest; `eos_token_id=[]` never stops early. `add_bos_token=True` prepends the
+    tokenizer's BOS token to text prompts that lack it. A model's recommended values (its
+    manifest's `generation`) replace these defaults; the caller's replace both.
     """
 
     max_new_tokens: int = 128
@@ -37,6 +39,7 @@ class GenerationConfig:
     seed: int | None = None
     eos_token_id: int | Sequence[int] | None = None
     stop_strings: str | Sequence[str] | None = None
+    add_bos_token: bool | None = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> GenerationConfig:
@@ -69,36 +72,11 @@ class GenerationConfig:
         return (int(eos),) if isinstance(eos, int | np.integer) else tuple(int(e) for e in eos)
 
     def validate(self) -> None:
-        """Raise GenerationError on any value that cannot work, before any work is done."""
-        errors = []
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            errors.append(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not _is_int(self.min_new_tokens) or self.min_new_tokens < 0:
-            errors.append(f"min_new_tokens must be an integer >= 0, got {self.min_new_tokens!r}")
-        if self.temperature is not None and (self.temperature < 0 or (self.temperature == 0 and self.sampling)):
-            errors.append(
-                f"temperature must be > 0 when sampling, got {self.temperature!r} (use do_sample=False for greedy)"
-            )
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            errors.append(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 0):
-            errors.append(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if not self.repetition_penalty > 0:
-            errors.append(f"repetition_penalty must be > 0 (1.0 = off), got {self.repetition_penalty!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            errors.append(f"seed must be an integer, got {self.seed!r}")
-        if any(not isinstance(s, str) or not s for s in self.stops):
-            errors.append(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
-        if self.eos_token_id is not None:
-            eos: Any = [self.eos_token_id] if _is_int(self.eos_token_id) else self.eos_token_id
-            if isinstance(eos, str) or not all(_is_int(e) and e >= 0 for e in eos):
-                errors.append(f"eos_token_id must be a token id or a list of them, got {self.eos_token_id!r}")
-        if errors:
-            raise GenerationError("; ".join(errors))
+        """Raise GenerationError on any value that cannot work, before any work is done
+        (types and ranges: hybridrt.runtime.validate)."""
+        from .validate import check_config
 
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int | np.integer) and not isinstance(x, bool)
+        check_config(self)
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> None:

@@ -68,6 +68,9 @@ def _ids(p: Sequence[int], vocab: int) -> list[int]:
 
 
 def encode(texts: list[str], tokenizer: Any | None, add_special_tokens: bool = True) -> list[list[int]]:
+    from .validate import check_text
+
+    check_text(texts)
     rows = [e.ids for e in need_tokenizer(tokenizer).encode_batch(texts, add_special_tokens=add_special_tokens)]
     if any(not r for r in rows):
         raise GenerationError("empty prompt: the text encodes to no tokens")

@@ -1,0 +1,187 @@
+"""Checks of generation inputs by type and range, before any work is done. Torch-free.
+
+One rule per GenerationConfig field (a bool is not an int, NaN and inf are not numbers a
+caller means, sequences are checked element by element) and the prompt-side checks that
+need the model: text the tokenizer cannot take, and a batch whose states and logits would
+not fit in the memory limit. Every failure is a GenerationError that names the parameter,
+the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import GenerationError, HybridrtError
+
+# Default ceiling of one generation's estimated memory (states, KV at full length, logits);
+# $HYBRIDRT_MAX_GENERATION_BYTES overrides it.
+MAX_GENERATION_BYTES = 8 * 2**30
+
+
+def is_int(x: object) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
+
+
+def is_real(x: object) -> bool:
+    """An int or float (numpy's too) that is finite; bools are not numbers here."""
+    return (is_int(x) or isinstance(x, float | np.floating)) and math.isfinite(float(x))  # type: ignore[arg-type]
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _int(name: str, value: object, low: int, what: str) -> str | None:
+    if is_int(value) and value >= low:  # type: ignore[operator]
+        return None
+    return f"{name} must be an integer >= {low}{what}, got {_show(value)}"
+
+
+def _real(name: str, value: Any, ok: Callable[[float], bool], allowed: str) -> str | None:
+    if is_real(value) and ok(float(value)):
+        return None
+    return f"{name} must be a finite number {allowed}, got {_show(value)}"
+
+
+def _token_ids(name: str, value: object) -> str | None:
+    ids = [value] if is_int(value) else value
+    if isinstance(ids, Sequence) and not isinstance(ids, str | bytes) and all(is_int(e) and e >= 0 for e in ids):
+        return None
+    return f"{name} must be a token id (integer >= 0) or a list of them, got {_show(value)}"
+
+
+def _strings(name: str, value: object) -> str | None:
+    items = [value] if isinstance(value, str) else value
+    if isinstance(items, Sequence) and not isinstance(items, bytes) and all(isinstance(s, str) and s for s in items):
+        if all(_encodable(s) for s in items):
+            return None
+        return f"{name} must be valid Unicode text (no lone surrogates), got {_show(value)}"
+    return f"{name} must be a non-empty string or a list of them, got {_show(value)}"
+
+
+def config_errors(cfg: Any) -> list[str]:
+    """Every problem with a GenerationConfig's values, one message each."""
+    errors = [
+        _int("max_new_tokens", cfg.max_new_tokens, 1, ""),
+        _int("min_new_tokens", cfg.min_new_tokens, 0, ""),
+        None
+        if cfg.do_sample is None or isinstance(cfg.do_sample, bool | np.bool_)
+        else f"do_sample must be True, False or None, got {_show(cfg.do_sample)}",
+        None
+        if cfg.add_bos_token is None or isinstance(cfg.add_bos_token, bool | np.bool_)
+        else f"add_bos_token must be True, False or None, got {_show(cfg.add_bos_token)}",
+        None if cfg.top_k is None else _int("top_k", cfg.top_k, 0, " (0 = off)"),
+        None if cfg.top_p is None else _real("top_p", cfg.top_p, lambda p: 0 < p <= 1, "in (0, 1]"),
+        _real(
+            "repetition_penalty",
+            cfg.repetition_penalty,
+            lambda p: p > 0,
+            "> 0 (1.0 = off)",
+        ),
+        None if cfg.seed is None else _int("seed", cfg.seed, 0, ""),
+        None if cfg.eos_token_id is None else _token_ids("eos_token_id", cfg.eos_token_id),
+        None if cfg.stop_strings is None else _strings("stop_strings", cfg.stop_strings),
+    ]
+    if cfg.temperature is not None:
+        errors.append(_real("temperature", cfg.temperature, lambda t: t >= 0, ">= 0"))
+    found = [e for e in errors if e]
+    if not found and is_int(cfg.min_new_tokens) and is_int(cfg.max_new_tokens):
+        if cfg.min_new_tokens > cfg.max_new_tokens:
+            found.append(f"min_new_tokens ({cfg.min_new_tokens}) must not exceed max_new_tokens ({cfg.max_new_tokens})")
+    if not found and cfg.temperature == 0 and cfg.do_sample:
+        found.append("temperature must be > 0 when sampling (do_sample=True); use do_sample=False for greedy")
+    if not found and cfg.temperature == 0 and (cfg.top_k or cfg.top_p is not None or cfg.seed is not None):
+        given = [n for n in ("top_k", "top_p", "seed") if getattr(cfg, n) not in (None, 0)]
+        found.append(
+            f"temperature 0 means greedy decoding, which ignores {', '.join(given)}; "
+            "drop them, or give a temperature > 0 to sample"
+        )
+    return found
+
+
+def check_config(cfg: Any) -> None:
+    errors = config_errors(cfg)
+    if errors:
+        raise GenerationError("; ".join(errors))
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_text(texts: Sequence[str]) -> None:
+    """Text a tokenizer can take: valid Unicode (a lone surrogate such as '\\udcff' is not)."""
+    for i, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            where = f"prompt {i}" if len(texts) > 1 else "the prompt"
+            raise GenerationError(
+                f"{where} is not valid Unicode text: {text[e.start : e.end]!r} at character {e.start} "
+                "(a lone surrogate, e.g. from decoding bytes with errors='surrogateescape'); "
+                "decode the input with errors='replace', or pass token ids"
+            ) from None
+
+
+def check_eos_ids(eos: Sequence[int], vocab: int) -> None:
+    bad = [e for e in eos if e >= vocab]
+    if bad:
+        raise GenerationError(f"eos_token_id {bad} outside the vocabulary of {vocab} tokens; ids are in [0, {vocab})")
+
+
+def max_generation_bytes() -> int:
+    raw = os.environ.get("HYBRIDRT_MAX_GENERATION_BYTES")
+    if raw is None:
+        return MAX_GENERATION_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise GenerationError(f"$HYBRIDRT_MAX_GENERATION_BYTES must be a positive integer, got {raw!r}")
+    return value
+
+
+def check_memory(manifest: Any, batch: int, length: int, prompt_width: int) -> None:
+    """Refuse a batch whose states (KV at `length` tokens) and prompt logits exceed the limit."""
+    from ..graphs.contract import state_bytes_per_sequence
+
+    per_row = 0
+    for spec in manifest.pasts:
+        n = state_bytes_per_sequence(spec)
+        per_row += n * length if spec.grows else n
+    per_row += 4 * manifest.vocab_size * prompt_width  # float32 logits of every prompt position
+    need, limit = batch * per_row, max_generation_bytes()
+    if need > limit:
+        raise GenerationError(
+            f"a batch of {batch} rows up to {length} tokens needs about {need / 2**30:.2f} GiB of states and "
+            f"logits, above the limit of {limit / 2**30:.2f} GiB; split the batch, shorten the prompts or "
+            "max_new_tokens, or raise $HYBRIDRT_MAX_GENERATION_BYTES"
+        )
+
+
+def as_path(value: object, what: str, error: type[HybridrtError] = GenerationError) -> Path:
+    """A str or os.PathLike argument as a Path; `error` naming `what` for anything else."""
+    if isinstance(value, str | os.PathLike) and str(value) and _encodable(str(value)):
+        return Path(value)
+    raise error(f"{what} must be a path (a non-empty str or pathlib.Path), got {_show(value)}")
+
+
+def as_paths(value: object, what: str, error: type[HybridrtError] = GenerationError) -> list[Path]:
+    """One path or a list of them."""
+    if isinstance(value, str | os.PathLike):
+        return [as_path(value, what, error)]
+    if isinstance(value, list | tuple):
+        return [as_path(v, what, error) for v in value]
+    raise error(f"{what} must be a path or a list of paths, got {_show(value)}")
