@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, disable_created_metrics, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -10,16 +10,25 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 class Metrics:
     def __init__(self) -> None:
+        disable_created_metrics()  # no *_created series next to each counter (process-wide switch)
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("hybridrt_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.requests = Counter(
+            "hybridrt_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
         self.prompt_tokens = Counter("hybridrt_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generated_tokens = Counter("hybridrt_generated_tokens", "Tokens generated", registry=r)
         self.ttft = Histogram(
-            "hybridrt_time_to_first_token_seconds", "From submission to the first token", buckets=LATENCY_BUCKETS, registry=r
+            "hybridrt_time_to_first_token_seconds",
+            "From submission to the first token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.inter_token = Histogram(
-            "hybridrt_inter_token_seconds", "Between consecutive tokens of a request", buckets=LATENCY_BUCKETS, registry=r
+            "hybridrt_inter_token_seconds",
+            "Between consecutive tokens of a request",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.queue_depth = Gauge("hybridrt_queue_depth", "Requests waiting for a state slot", registry=r)
         self.busy_slots = Gauge("hybridrt_busy_slots", "State slots held by requests", registry=r)
