@@ -176,3 +176,28 @@ def test_stop_ends_waiting_and_running_requests(jamba_onnx: Path) -> None:
     while not updates.empty():
         last = updates.get()
     assert last is not None and last.finish_reason == "cancelled" and not engine.thread.is_alive()
+
+
+def test_presence_and_frequency_penalties_follow_openai(default_onnx: Path) -> None:
+    """logit - presence * (count > 0) - frequency * count over the tokens generated so far."""
+    model = hybridrt.load(default_onnx)
+    # Greedy repeats itself after this prompt ("\n#\n#\n#..."), so the penalties matter.
+    prompt, presence, frequency = model.tokenizer.encode("import os\n").ids, 0.7, 0.4
+    rows = Rows.fresh(Graph.of(model))
+    logits = rows.run(np.asarray([prompt], dtype=np.int64))[0]
+    counts, want = np.zeros_like(logits), []
+    for _ in range(16):
+        token = int(np.argmax(logits - presence * (counts > 0) - frequency * counts))
+        want.append(token)
+        counts[token] += 1
+        logits = rows.run(np.asarray([[token]], dtype=np.int64))[0]
+    engine = _engine(model)
+    try:
+        result = Result()
+        cfg = GenerationConfig(max_new_tokens=16, eos_token_id=[])
+        engine.submit(Request(prompt, cfg, result, presence_penalty=presence, frequency_penalty=frequency))
+        assert result.done.wait(30)
+    finally:
+        engine.stop()
+    assert result.tokens == want
+    assert want != model.generate(prompt, max_new_tokens=16, eos_token_id=[])  # the penalties changed something

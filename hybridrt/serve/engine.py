@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import HybridrtError
+from ..errors import GenerationError, HybridrtError
 from ..runtime.decode import seen_tokens
 from ..runtime.model import Model
 from ..runtime.sampling import GenerationConfig, sample
@@ -73,6 +73,7 @@ class Request:
     rows: Rows | None = None
     last: float = 0.0
     rng: np.random.Generator | None = None
+    eos: tuple[int, ...] = ()
     seen: np.ndarray | None = None  # [1, V], for the repetition penalty
     counts: np.ndarray | None = None
 
@@ -88,6 +89,13 @@ class EngineConfig:
     chunk: int = 256
     max_queue: int = 64
     cache_bytes: int = 256 * 2**20
+
+    def __post_init__(self) -> None:
+        for name in ("slots", "chunk", "max_queue"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise GenerationError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if self.cache_bytes < 0:
+            raise GenerationError(f"cache_bytes must be >= 0 (0: no prefix cache), got {self.cache_bytes!r}")
 
 
 class Engine:
@@ -200,6 +208,7 @@ class Engine:
     def _start(self, req: Request) -> None:
         assert self.model is not None
         req.rng = np.random.default_rng(req.cfg.seed)
+        req.eos = req.cfg.eos_ids(self.model.eos_token_ids)
         if req.cfg.repetition_penalty != 1.0:
             req.seen = seen_tokens([req.prompt], self.graph.vocab)
         if req.presence_penalty or req.frequency_penalty:
@@ -255,9 +264,8 @@ class Engine:
 
     def _advance(self, req: Request, logits: np.ndarray) -> bool:
         """Sample req's next token from logits [1, V] and send it; False once req is finished."""
-        assert self.model is not None and req.rng is not None
-        cfg = req.cfg
-        eos = cfg.eos_ids(self.model.eos_token_ids)
+        assert req.rng is not None
+        cfg, eos = req.cfg, req.eos
         if req.counts is not None:
             logits = logits - req.presence_penalty * (req.counts > 0) - req.frequency_penalty * req.counts
         token = int(sample(logits, cfg, req.rng, req.seen, eos if len(req.tokens) < cfg.min_new_tokens else ())[0])
