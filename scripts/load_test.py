@@ -72,13 +72,22 @@ async def client(http: httpx.AsyncClient, i: int, stop_at: float, args: argparse
         out["chunks"] += tokens
 
 
-async def level(url: str, clients: int, args: argparse.Namespace) -> dict:
+async def sample_rss(pid: int, stop_at: float, out: list[float]) -> None:
+    while time.monotonic() < stop_at:
+        out.append(rss_mb(pid))
+        await asyncio.sleep(min(5.0, max(0.0, stop_at - time.monotonic())))
+    out.append(rss_mb(pid))
+
+
+async def level(url: str, pid: int, clients: int, args: argparse.Namespace) -> dict:
     out: dict = {"ttft": [], "itl": [], "errors": [], "requests": 0, "chunks": 0}
     limits = httpx.Limits(max_connections=clients + 4)
+    rss: list[float] = []
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
         t0 = time.monotonic()
         stop_at = t0 + args.seconds
-        await asyncio.gather(*(client(http, i, stop_at, args, out) for i in range(clients)))
+        users = [client(http, i, stop_at, args, out) for i in range(clients)]
+        await asyncio.gather(sample_rss(pid, stop_at, rss), *users)
         elapsed = time.monotonic() - t0
         metrics = (await http.get("/metrics")).text
     generated = _metric(metrics, "hybridrt_generated_tokens_total")
@@ -93,6 +102,7 @@ async def level(url: str, clients: int, args: argparse.Namespace) -> dict:
         "generated_tokens_total": generated,
         "ttft_ms": _pcts(out["ttft"]),
         "inter_token_ms": _pcts(out["itl"]),
+        "rss_mb_samples": rss,
     }
 
 
@@ -184,7 +194,7 @@ def main() -> None:
         results = []
         before = 0.0
         for clients in levels:
-            r = asyncio.run(level(url, clients, args))
+            r = asyncio.run(level(url, proc.pid, clients, args))
             r["tokens_per_s"] = (r["generated_tokens_total"] - before) / r["seconds"]
             before = r["generated_tokens_total"]
             r["rss_mb"] = rss_mb(proc.pid)
@@ -192,7 +202,7 @@ def main() -> None:
             print(
                 f"{clients:3d} clients: {r['requests_per_s']:.2f} req/s, {r['tokens_per_s']:.0f} tokens/s, "
                 f"TTFT p50/p95/p99 {_fmt(r['ttft_ms'])} ms, inter-token {_fmt(r['inter_token_ms'])} ms, "
-                f"errors {r['errors']}, RSS {r['rss_mb']:.0f} MB",
+                f"errors {r['errors']}, RSS {r['rss_mb_samples'][0]:.0f} -> {r['rss_mb']:.0f} MB",
                 flush=True,
             )
         base = results[0]["tokens_per_s"] if levels[0] == 1 else float("nan")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,7 @@ from serving import AUTH, KEY, metric, running, wait_for
 import hybridrt
 from hybridrt.runtime.model import Model
 from hybridrt.serve.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplate
+from hybridrt.serve.protocol import ApiError
 from hybridrt.serve.server import Running
 
 PROMPTS = ["import os\n", "def fibonacci(n):\n", "class Stack:\n    def push(self, x):\n", "#", "for i in range(10):"]
@@ -189,3 +191,17 @@ def test_graceful_shutdown_lets_open_requests_finish(model: Model) -> None:
     t.join(60)
     assert result and result[0].status_code == 200 and result[0].json()["usage"]["completion_tokens"] == 300
     assert not s.engine.thread.is_alive()
+
+
+def test_chat_template_comes_from_the_tokenizer_config(tmp_path: Path) -> None:
+    template = (
+        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}{% endif %}"
+        "[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
+    config = {"bos_token": {"content": "<s>"}, "chat_template": template}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    chat = ChatTemplate.for_model(tmp_path)
+    assert chat.render([{"role": "user", "content": "hi"}]) == "<s>[user] hi\n[assistant] "
+    with pytest.raises(ApiError) as e:
+        chat.render([{"role": "tool", "content": "x"}])
+    assert e.value.status == 400 and "no tools" in e.value.message

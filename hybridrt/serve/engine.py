@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -163,6 +164,8 @@ class Engine:
             while self._turn():
                 pass
         finally:
+            with self.cond:
+                self.closing = True  # also after an unexpected error: refuse new work (503), do not queue it
             for req in [*self.waiting, *self.prefilling, *self.running]:
                 self._send(req, Update([], "cancelled", req.cached_tokens))
 
@@ -174,7 +177,7 @@ class Engine:
                 return False
             admitted = self._admit()
         for req in admitted:
-            self._start(req)
+            self._guard([req], partial(self._start, req))
         self._drop_stopped()
         if self.prefilling:
             self._guard(self.prefilling[:1], lambda: self._prefill(self.prefilling[0]))
