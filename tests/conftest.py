@@ -55,3 +55,14 @@ def llama_onnx(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 @pytest.fixture(scope="session", params=["jamba", "llama"])
 def onnx_dir(request: pytest.FixtureRequest) -> Path:
     return request.getfixturevalue(f"{request.param}_onnx")
+
+
+@pytest.fixture(scope="session")
+def default_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped default model (Mamba1 + attention), exported once."""
+    import hybridrt
+    from hybridrt.runtime.default import CHECKPOINT_DIR
+
+    out = tmp_path_factory.mktemp("default-onnx") / "model"
+    hybridrt.export_model(CHECKPOINT_DIR, out)
+    return out

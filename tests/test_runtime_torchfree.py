@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,3 +29,47 @@ def test_runtime_runs_without_torch(llama_onnx: Path) -> None:
     result = subprocess.run([sys.executable, "-c", CODE, str(llama_onnx)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("ok")
+
+
+SERVE = """
+import json, signal, sys, time, urllib.request
+sys.modules["torch"] = None
+import threading
+from hybridrt.cli import main
+
+def client():
+    url = f"http://127.0.0.1:{sys.argv[2]}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(url + "/health").status == 200:
+                break
+        except OSError:
+            time.sleep(0.1)
+    body = json.dumps({"model": "tiny", "prompt": "def", "max_tokens": 3, "temperature": 0}).encode()
+    req = urllib.request.Request(url + "/v1/completions", body, {"Authorization": "Bearer k"})
+    out = json.load(urllib.request.urlopen(req))
+    assert out["usage"]["completion_tokens"] >= 1, out
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers", "onnx", "onnxscript"))
+    assert loaded == ["torch"] and sys.modules["torch"] is None, loaded
+    print("ok", flush=True)
+    signal.raise_signal(signal.SIGTERM)  # graceful shutdown
+
+threading.Thread(target=client, daemon=True).start()
+args = ["serve", sys.argv[1], "--port", sys.argv[2], "--api-key", "k", "--model-name", "tiny", "--log-level", "warning"]
+main(args)
+"""
+
+
+def test_serve_runs_without_torch(llama_onnx: Path) -> None:
+    """`hybridrt serve` loads, answers and shuts down on SIGTERM in a process without torch."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-c", SERVE, str(llama_onnx), str(port)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    # uvicorn re-raises SIGTERM once its graceful shutdown is done.
+    assert result.returncode in (0, -signal.SIGTERM), result.stderr
+    assert result.stdout.strip().endswith("ok"), result.stderr

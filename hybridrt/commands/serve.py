@@ -1,0 +1,55 @@
+"""`hybridrt serve MODEL [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--slots N] ...`.
+
+An OpenAI-compatible HTTP server (needs the `serve` extra). /health answers 503 while the
+model loads, then 200; SIGINT/SIGTERM stop it after open requests finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..serve.app import ServeConfig
+from ..serve.engine import EngineConfig
+
+ENGINE = EngineConfig()
+SERVE = ServeConfig()
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (torch-free)")
+    p.add_argument("model", help="exported directory (holding hybridrt.json and model.onnx), or 'default'")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("HYBRIDRT_API_KEY"),
+        help="require Authorization: Bearer KEY on every route but /health (default: $HYBRIDRT_API_KEY)",
+    )
+    p.add_argument("--model-name", help="the model id clients send (default: 'default' or the directory's name)")
+    p.add_argument("--slots", type=int, default=ENGINE.slots, help="sequences decoded together (state slots)")
+    p.add_argument("--chunk", type=int, default=ENGINE.chunk, help="prompt tokens prefilled per engine step")
+    p.add_argument("--max-queue", type=int, default=ENGINE.max_queue, help="waiting requests before 429")
+    p.add_argument("--cache-mb", type=float, default=ENGINE.cache_bytes / 2**20, help="prefix state cache (0: off)")
+    p.add_argument("--max-body-kb", type=int, default=SERVE.max_body_bytes // 1024)
+    p.add_argument("--timeout", type=float, default=SERVE.request_timeout, help="seconds per request")
+    p.add_argument("--provider", default="auto", help="auto, cpu, cuda, acl, xnnpack, or a full provider name")
+    p.add_argument("--threads", type=int, help="CPU intra-op threads")
+    p.add_argument("--log-level", default="info")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..runtime import load
+    from ..runtime.default import DEFAULT_NAME
+    from ..serve.server import build, serve
+    from .common import model_dir
+
+    directory = model_dir(args.model)  # exports the default model first if needed, before serving
+    name = args.model_name or (DEFAULT_NAME if args.model == DEFAULT_NAME else Path(args.model).resolve().name)
+    engine = EngineConfig(args.slots, args.chunk, args.max_queue, int(args.cache_mb * 2**20))
+    config = ServeConfig(name, args.api_key, args.max_body_kb * 1024, args.timeout)
+    _, app = build(lambda: load(directory, args.provider, threads=args.threads), engine, config)
+    serve(app, args.host, args.port, args.log_level)
+    return 0

@@ -1,0 +1,50 @@
+"""A real server on 127.0.0.1 for the serve tests."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+
+from hybridrt.serve import EngineConfig, ServeConfig
+from hybridrt.serve.server import Running, build, start_in_thread
+
+KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@contextlib.contextmanager
+def running(model: Any | Callable[[], Any], wait: bool = True, **kwargs: Any) -> Iterator[Running]:
+    """Serve `model` (or a loader) with EngineConfig/ServeConfig fields from kwargs."""
+    engine_fields = set(EngineConfig.__dataclass_fields__)
+    engine = EngineConfig(**{k: v for k, v in kwargs.items() if k in engine_fields})
+    serve = ServeConfig(**{"api_key": KEY} | {k: v for k, v in kwargs.items() if k not in engine_fields})
+    eng, app = build(model, engine, serve)
+    server = start_in_thread(eng, app)
+    try:
+        if wait:
+            assert eng.ready.wait(60)
+        yield server
+    finally:
+        server.stop()
+
+
+def metric(url: str, name: str) -> float:
+    """One sample of /metrics, e.g. metric(url, 'hybridrt_busy_slots')."""
+    text = httpx.get(f"{url}/metrics", headers=AUTH).text
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+def wait_for(check: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()

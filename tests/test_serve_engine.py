@@ -1,0 +1,203 @@
+"""The serving engine on real sessions: continuous batching, chunked prefill and the prefix
+cache give each request the tokens Model.generate gives its prompt alone."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hybridrt
+from hybridrt.runtime.sampling import GenerationConfig
+from hybridrt.serve.batch import Graph, Rows
+from hybridrt.serve.cache import PrefixCache
+from hybridrt.serve.engine import Engine, EngineBusy, EngineConfig, Request, Update
+
+
+class Result:
+    """Collects a request's updates, as the HTTP layer does."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.finish: str | None = None
+        self.cached = 0
+        self.done = threading.Event()
+
+    def __call__(self, update: Update) -> None:
+        self.tokens += update.tokens
+        self.cached = update.cached_tokens
+        if update.finish_reason is not None:
+            self.finish = update.finish_reason
+            self.done.set()
+
+
+def _prompt(length: int, seed: int = 0, vocab: int = 320) -> list[int]:
+    return np.random.default_rng(seed + length).integers(3, vocab, length).tolist()
+
+
+def _submit(engine: Engine, prompt: list[int], **kwargs: object) -> tuple[Request, Result]:
+    result = Result()
+    req = Request(prompt, GenerationConfig.from_kwargs(**kwargs), result)
+    engine.submit(req)
+    return req, result
+
+
+def _engine(model: hybridrt.runtime.Model, **kwargs: int) -> Engine:
+    engine = Engine(model, EngineConfig(**kwargs)).start()
+    assert engine.ready.wait(60)
+    return engine
+
+
+@pytest.fixture(scope="module", params=["default", "jamba", "llama"])
+def model(request: pytest.FixtureRequest) -> hybridrt.runtime.Model:
+    return hybridrt.load(request.getfixturevalue(f"{request.param}_onnx"))
+
+
+def test_concurrent_greedy_requests_equal_generate_alone(model: hybridrt.runtime.Model) -> None:
+    vocab = int(model.manifest.vocab_size)
+    lengths = [1, 40, 5, 90, 17, 3, 64, 9]
+    budgets = [12, 5, 20, 9, 1, 16, 7, 11]
+    prompts = [_prompt(n, vocab=vocab) for n in lengths]
+    # 3 slots for 8 requests, 16-token chunks: requests queue, prefill in pieces between
+    # decode steps, and join and leave the batch at different steps.
+    engine = _engine(model, slots=3, chunk=16, cache_bytes=0)
+    try:
+        results = [_submit(engine, p, max_new_tokens=k)[1] for p, k in zip(prompts, budgets)]
+        assert all(r.done.wait(120) for r in results)
+    finally:
+        engine.stop()
+    for p, k, r in zip(prompts, budgets, results):
+        assert r.tokens == model.generate(p, max_new_tokens=k)
+        assert r.finish in ("stop", "length") and r.cached == 0
+
+
+def test_seeded_sampling_equals_generate_alone(jamba_onnx: Path) -> None:
+    model = hybridrt.load(jamba_onnx)
+    kwargs = [dict(temperature=0.8, top_p=0.9, seed=s, max_new_tokens=10 + s) for s in range(4)]
+    kwargs.append(dict(repetition_penalty=1.5, max_new_tokens=12))
+    prompts = [_prompt(3 + 7 * i) for i in range(len(kwargs))]
+    engine = _engine(model, slots=4, chunk=8)
+    try:
+        results = [_submit(engine, p, **kw)[1] for p, kw in zip(prompts, kwargs)]
+        assert all(r.done.wait(60) for r in results)
+    finally:
+        engine.stop()
+    for p, kw, r in zip(prompts, kwargs, results):
+        assert r.tokens == model.generate(p, **kw)
+
+
+def test_prefix_cache_prefills_only_the_rest(default_onnx: Path) -> None:
+    model = hybridrt.load(default_onnx)
+    first, more = _prompt(30, vocab=4096), _prompt(12, seed=1, vocab=4096)
+    engine = _engine(model, slots=2, chunk=8)
+    try:
+        a = _submit(engine, first, max_new_tokens=6, min_new_tokens=6)[1]
+        assert a.done.wait(60) and a.cached == 0
+        again = _submit(engine, first, max_new_tokens=6, min_new_tokens=6)[1]
+        longer = _submit(engine, first + more, max_new_tokens=8)[1]
+        assert again.done.wait(60) and longer.done.wait(60)
+        # A chat turn: the previous prompt, its reply, then new tokens.
+        turn = first + a.tokens + more
+        b = _submit(engine, turn, max_new_tokens=8)[1]
+        assert b.done.wait(60)
+        stats = engine.stats()
+    finally:
+        engine.stop()
+    assert again.cached == len(first) and again.tokens == a.tokens
+    assert longer.cached == len(first) and longer.tokens == model.generate(first + more, max_new_tokens=8)
+    assert b.cached == len(first) + len(a.tokens) - 1
+    assert b.tokens == model.generate(turn, max_new_tokens=8)
+    assert stats["cache_entries"] >= 3 and stats["cache_bytes"] > 0
+
+
+def test_prefix_cache_evicts_least_recently_used_under_its_byte_cap(jamba_onnx: Path) -> None:
+    graph = Graph.of(hybridrt.load(jamba_onnx))
+    rows = Rows.fresh(graph)
+    rows.run(np.asarray([[5, 6, 7]], dtype=np.int64))
+    cache = PrefixCache(max_bytes=2 * rows.nbytes + 100)
+    cache.put([1, 2], rows.copy(), None)
+    cache.put([3, 4], rows.copy(), None)
+    assert cache.get([1, 2, 9]) is not None  # [1, 2] is now the most recent
+    cache.put([5, 6], rows.copy(), None)
+    assert cache.get([3, 4, 9]) is None and cache.get([1, 2, 9]) is not None and len(cache) == 2
+    assert cache.bytes <= cache.max_bytes
+    assert cache.get([1, 2]) is None  # stored without logits: needs one more token
+
+
+def test_cancel_frees_the_slot_at_once(jamba_onnx: Path) -> None:
+    model = hybridrt.load(jamba_onnx)
+    engine = _engine(model, slots=1, chunk=8)
+    try:
+        long_req, long_res = _submit(engine, _prompt(5), max_new_tokens=400, eos_token_id=[])
+        while not long_res.tokens:
+            time.sleep(0.01)
+        engine.cancel(long_req)
+        assert long_res.done.wait(10) and long_res.finish == "cancelled" and len(long_res.tokens) < 400
+        short = _submit(engine, _prompt(6), max_new_tokens=4)[1]
+        assert short.done.wait(30) and short.tokens == model.generate(_prompt(6), max_new_tokens=4)
+        deadline = time.monotonic() + 5  # the slot is freed right after the last token is sent
+        while engine.stats()["busy_slots"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.stats()["busy_slots"] == 0
+    finally:
+        engine.stop()
+
+
+def test_full_queue_refuses_and_timeouts_end_requests(jamba_onnx: Path) -> None:
+    model = hybridrt.load(jamba_onnx)
+    engine = _engine(model, slots=1, max_queue=1)
+    try:
+        slow = Result()
+        # 500 tokens take this model >= 0.2 s; the request may run for 0.05 s.
+        engine.submit(Request(_prompt(4), GenerationConfig(max_new_tokens=500, eos_token_id=[]), slow, timeout=0.05))
+        while not slow.tokens and not slow.done.is_set():
+            time.sleep(0.01)
+        queued = _submit(engine, _prompt(4), max_new_tokens=2)[1]
+        with pytest.raises(EngineBusy):
+            _submit(engine, _prompt(4), max_new_tokens=2)
+        assert slow.done.wait(10) and slow.finish == "timeout" and len(slow.tokens) < 500
+        assert queued.done.wait(10) and queued.finish in ("stop", "length")
+    finally:
+        engine.stop()
+
+
+def test_stop_ends_waiting_and_running_requests(jamba_onnx: Path) -> None:
+    engine = _engine(hybridrt.load(jamba_onnx), slots=1)
+    updates: queue.Queue[Update] = queue.Queue()
+    engine.submit(Request(_prompt(4), GenerationConfig(max_new_tokens=400, eos_token_id=[]), updates.put))
+    while updates.empty():
+        time.sleep(0.01)
+    engine.stop()
+    last = None
+    while not updates.empty():
+        last = updates.get()
+    assert last is not None and last.finish_reason == "cancelled" and not engine.thread.is_alive()
+
+
+def test_presence_and_frequency_penalties_follow_openai(default_onnx: Path) -> None:
+    """logit - presence * (count > 0) - frequency * count over the tokens generated so far."""
+    model = hybridrt.load(default_onnx)
+    # Greedy repeats itself after this prompt ("\n#\n#\n#..."), so the penalties matter.
+    prompt, presence, frequency = model.tokenizer.encode("import os\n").ids, 0.7, 0.4
+    rows = Rows.fresh(Graph.of(model))
+    logits = rows.run(np.asarray([prompt], dtype=np.int64))[0]
+    counts, want = np.zeros_like(logits), []
+    for _ in range(16):
+        token = int(np.argmax(logits - presence * (counts > 0) - frequency * counts))
+        want.append(token)
+        counts[token] += 1
+        logits = rows.run(np.asarray([[token]], dtype=np.int64))[0]
+    engine = _engine(model)
+    try:
+        result = Result()
+        cfg = GenerationConfig(max_new_tokens=16, eos_token_id=[])
+        engine.submit(Request(prompt, cfg, result, presence_penalty=presence, frequency_penalty=frequency))
+        assert result.done.wait(30)
+    finally:
+        engine.stop()
+    assert result.tokens == want
+    assert want != model.generate(prompt, max_new_tokens=16, eos_token_id=[])  # the penalties changed something
