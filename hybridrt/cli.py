@@ -25,6 +25,10 @@ EXTRAS = {
     "onnxscript": "export",
     "safetensors": "export",
     "transformers": "dev",
+    "starlette": "serve",
+    "uvicorn": "serve",
+    "prometheus_client": "serve",
+    "jinja2": "serve",
 }
 
 

@@ -61,7 +61,7 @@ def onnx_dir(request: pytest.FixtureRequest) -> Path:
 def default_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shipped default model (Mamba1 + attention), exported once."""
     import hybridrt
-    from hybridrt.runtime.default import CHECKPOINT_DIR
+    from hybridrt.default_model import CHECKPOINT_DIR
 
     out = tmp_path_factory.mktemp("default-onnx") / "model"
     hybridrt.export_model(CHECKPOINT_DIR, out)

@@ -12,8 +12,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRA_MODULES = ("torch", "onnx", "onnxscript", "safetensors", "transformers")
-# `python -c` with the export extra's modules blocked, as a plain `pip install hybridrt` has them.
+EXTRA_MODULES = (
+    "torch",
+    "onnx",
+    "onnxscript",
+    "safetensors",
+    "transformers",
+    "starlette",
+    "uvicorn",
+    "prometheus_client",
+)
+# `python -c` with the export and serve extras' modules blocked, as a plain `pip install hybridrt` has them.
 RUNTIME_ONLY = (
     "import sys\n"
     f"for m in {EXTRA_MODULES!r}: sys.modules[m] = None\n"
@@ -34,6 +43,7 @@ def _env(cache: Path) -> dict[str, str]:
         (["export", "default", "-o", "{tmp}/out"], "pip install 'hybridrt[export]'"),
         (["quantize", "{onnx}", "-o", "{tmp}/q", "--mode", "int4"], "pip install 'hybridrt[export]'"),
         (["generate", "default", "hi"], "has not been exported yet"),
+        (["serve", "{onnx}", "--port", "0"], "pip install 'hybridrt[serve]'"),
     ],
 )
 def test_runtime_only_install_names_the_extra(jamba_onnx: Path, tmp_path: Path, argv: list[str], says: str) -> None:

@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..serve.app import ServeConfig
-from ..serve.engine import EngineConfig
+from ..serve.config import EngineConfig, ServeConfig
 
 ENGINE = EngineConfig()
 SERVE = ServeConfig()
@@ -41,8 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from ..default_model import DEFAULT_NAME
     from ..runtime import load
-    from ..runtime.default import DEFAULT_NAME
     from ..serve.server import build, serve
     from .common import model_dir
 

@@ -87,7 +87,7 @@ class Model:
         """As generate, with what the generation did: token counts and timings."""
         cfg = self._config(kwargs)
         prompts = self._prompts(prompt, cfg)
-        self._check_length(prompts.rows, cfg)
+        self.check_length(prompts.rows, cfg)
         stats = dec.GenerationStats()
         for _ in self._steps(self._new_stepper(len(prompts.rows)), prompts.rows, cfg, stats):
             pass
@@ -100,7 +100,7 @@ class Model:
         prompts = self._prompts(prompt, cfg)
         if not prompts.single:
             raise GenerationError("stream() takes one prompt; use generate() for a batch")
-        self._check_length(prompts.rows, cfg)
+        self.check_length(prompts.rows, cfg)
         stats = dec.GenerationStats()
         return TextStream(self._pieces(self._steps(self._new_stepper(1), prompts.rows, cfg, stats), stats), stats)
 
@@ -128,7 +128,10 @@ class Model:
     def _new_stepper(self, batch: int) -> Stepper:
         return new_stepper(self.inference_session, self.manifest, batch, self.device, self.io_binding)
 
-    def _check_length(self, rows: Sequence[Sequence[int]], cfg: GenerationConfig, past: int = 0) -> None:
+    def check_length(self, rows: Sequence[Sequence[int]], cfg: GenerationConfig, past: int = 0) -> None:
+        """GenerationError unless rows (after `past` tokens) and cfg.max_new_tokens fit the model:
+        its max length, its vocabulary (EOS ids) and the batch memory limit. Also for callers
+        that run their own decode loop (hybridrt.serve)."""
         longest = past + max(len(r) for r in rows)
         if longest + cfg.max_new_tokens > self.max_length:
             raise GenerationError(
@@ -224,7 +227,7 @@ class ChatSession:
         prompts = m._prompts(prompt, cfg, add_special_tokens=not self.history)
         if not prompts.single:
             raise GenerationError("a chat session holds one sequence: pass one prompt per call")
-        m._check_length(prompts.rows, cfg, past=len(self.history))
+        m.check_length(prompts.rows, cfg, past=len(self.history))
         return cfg, prompts
 
     def _steps(self, prompts: Prompts, cfg: GenerationConfig, stats: dec.GenerationStats) -> Iterator[np.ndarray]:

@@ -15,7 +15,6 @@ import hmac
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -29,6 +28,7 @@ from ..errors import GenerationError
 from ..runtime.model import Model
 from ..runtime.text import as_prompts, encode
 from .chat import ChatTemplate, check_messages
+from .config import ServeConfig
 from .engine import Engine, EngineBusy, EngineClosed
 from .jobs import Job
 from .metrics import CONTENT_TYPE
@@ -47,17 +47,6 @@ from .sse import EventStream, full_body
 
 ROUTES = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """HTTP-side settings; the CLI's defaults come from here."""
-
-    model_name: str = "default"
-    api_key: str | None = None
-    max_body_bytes: int = 1 << 20
-    request_timeout: float = 600.0
-    retry_after_s: int = 1
 
 
 class Server:

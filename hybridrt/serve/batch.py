@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from ..graphs.contract import TensorSpec
+from ..graphs.feeds import NUMPY_DTYPES, state_shape
 from ..runtime.model import Model
-from ..runtime.state import NUMPY_DTYPES, state_shape
 
 
 @dataclass(frozen=True)

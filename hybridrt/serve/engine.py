@@ -26,13 +26,14 @@ from functools import partial
 
 import numpy as np
 
-from ..errors import GenerationError, HybridrtError
+from ..errors import HybridrtError
 from ..runtime.decode import seen_tokens
 from ..runtime.model import Model
 from ..runtime.sampling import GenerationConfig, sample
 from ..runtime.text import decode
 from .batch import Graph, Rows
 from .cache import PrefixCache
+from .config import EngineConfig
 from .metrics import Metrics
 
 log = logging.getLogger("hybridrt.serve")
@@ -80,23 +81,6 @@ class Request:
 
     def expired(self, now: float) -> bool:
         return self.timeout is not None and now - self.submitted > self.timeout
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Sizes of the engine; the CLI's defaults come from here."""
-
-    slots: int = 8
-    chunk: int = 256
-    max_queue: int = 64
-    cache_bytes: int = 256 * 2**20
-
-    def __post_init__(self) -> None:
-        for name in ("slots", "chunk", "max_queue"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise GenerationError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
-        if self.cache_bytes < 0:
-            raise GenerationError(f"cache_bytes must be >= 0 (0: no prefix cache), got {self.cache_bytes!r}")
 
 
 class Engine:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runtime.model import Model
-from .app import ServeConfig, create_app
-from .engine import Engine, EngineConfig
+from .app import create_app
+from .config import EngineConfig, ServeConfig
+from .engine import Engine
 
 GRACEFUL_SHUTDOWN_S = 30
 
