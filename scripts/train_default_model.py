@@ -91,6 +91,13 @@ HF_CONFIG = {
 }
 
 
+# The settings every caller gets unless it passes its own (export records them in hybridrt.json):
+# prompts start like a training document (<s>), and greedy decoding of a model this small loops
+# without a repetition penalty ("return fibonacci(n)" over and over at 1.0; Python at 1.3).
+GENERATION = {"bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, "repetition_penalty": 1.3}
+GENERATION |= {"add_bos_token": True}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Training settings; the command line's defaults come from here."""
@@ -452,6 +459,7 @@ def write_checkpoint(path: Path, model: HybridForCausalLM, hf: dict, tok: Tokeni
         "model_max_length": hf["max_position_embeddings"],
     }
     (path / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    (path / "generation_config.json").write_text(json.dumps(GENERATION, indent=2) + "\n")
 
 
 @torch.no_grad()

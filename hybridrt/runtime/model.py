@@ -86,7 +86,7 @@ class Model:
     def generate_with_stats(self, prompt: Any, **kwargs: Any) -> tuple[Output, dec.GenerationStats]:
         """As generate, with what the generation did: token counts and timings."""
         cfg = self._config(kwargs)
-        prompts = self._prompts(prompt, cfg)
+        prompts = self.prompt_rows(prompt, cfg)
         self.check_length(prompts.rows, cfg)
         stats = dec.GenerationStats()
         for _ in self._steps(self._new_stepper(len(prompts.rows)), prompts.rows, cfg, stats):
@@ -97,7 +97,7 @@ class Model:
         """Text pieces of one prompt's continuation, as they are generated (see TextStream)."""
         cfg = self._config(kwargs)
         need_tokenizer(self.tokenizer)
-        prompts = self._prompts(prompt, cfg)
+        prompts = self.prompt_rows(prompt, cfg)
         if not prompts.single:
             raise GenerationError("stream() takes one prompt; use generate() for a batch")
         self.check_length(prompts.rows, cfg)
@@ -115,8 +115,10 @@ class Model:
         GenerationConfig.from_kwargs(**kwargs)  # the caller's own values, checked first
         return GenerationConfig.from_kwargs(**merge(self.manifest.generation, kwargs))
 
-    def _prompts(self, prompt: Any, cfg: GenerationConfig, add_special_tokens: bool = True) -> Prompts:
-        """Prompt rows; text gets the BOS token first when cfg.add_bos_token asks for it."""
+    def prompt_rows(self, prompt: Any, cfg: GenerationConfig | None = None, add_special_tokens: bool = True) -> Prompts:
+        """Token rows of a prompt (text, ids, or a batch of either); text gets the BOS token first
+        when cfg (by default the model's recommended settings) asks for it with add_bos_token."""
+        cfg = cfg or self._config({})
         prompts = as_prompts(prompt, self.tokenizer, self.manifest.vocab_size, add_special_tokens)
         bos = self.manifest.special_tokens.get("bos_token_id")
         if prompts.text and add_special_tokens and cfg.add_bos_token and isinstance(bos, int):
@@ -224,7 +226,7 @@ class ChatSession:
         m = self.model
         cfg = m._config(kwargs)
         # Special tokens (BOS) open a conversation, not each turn.
-        prompts = m._prompts(prompt, cfg, add_special_tokens=not self.history)
+        prompts = m.prompt_rows(prompt, cfg, add_special_tokens=not self.history)
         if not prompts.single:
             raise GenerationError("a chat session holds one sequence: pass one prompt per call")
         m.check_length(prompts.rows, cfg, past=len(self.history))

@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from ..errors import GenerationError
 from ..runtime.model import Model
-from ..runtime.text import as_prompts, encode
+from ..runtime.text import encode
 from .chat import ChatTemplate, check_messages
 from .config import ServeConfig
 from .engine import Engine, EngineBusy, EngineClosed
@@ -90,10 +90,10 @@ class Server:
         body = await self._body(request, COMPLETION_FIELDS)
         model = self.model()
         try:
-            rows = as_prompts(body.get("prompt"), model.tokenizer, int(model.manifest.vocab_size)).rows
+            rows = model.prompt_rows(body.get("prompt")).rows  # text gets <s> where the model asks for it
         except GenerationError as e:
             raise ApiError(400, str(e), "prompt") from None
-        p = params(body, rows, model.max_length, COMPLETION_DEFAULT_MAX_TOKENS)
+        p = params(body, rows, model.max_length, COMPLETION_DEFAULT_MAX_TOKENS, model.manifest.generation)
         return await self._run(request, p, chat=False)
 
     async def chat(self, request: Request) -> Response:
@@ -106,7 +106,7 @@ class Server:
             rows = encode([self.template.render(messages)], model.tokenizer, add_special_tokens=False)
         except GenerationError as e:
             raise ApiError(400, str(e), "messages") from None
-        p = params(body, rows, model.max_length, None)
+        p = params(body, rows, model.max_length, None, model.manifest.generation)
         return await self._run(request, p, chat=True)
 
     async def _body(self, request: Request, known: set[str]) -> dict[str, Any]:

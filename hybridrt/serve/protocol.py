@@ -4,7 +4,8 @@ OpenAI's {"error": {...}} body), never an exception that reaches the client as a
 Parameter mapping onto GenerationConfig: max_tokens (chat also max_completion_tokens) ->
 max_new_tokens; min_tokens -> min_new_tokens; temperature 0 -> greedy, otherwise sampling
 (OpenAI's default is temperature 1); top_p, top_k (-1 or 0 = off), seed, stop ->
-stop_strings (cut from the text, as OpenAI does), repetition_penalty; presence_penalty and
+stop_strings (cut from the text, as OpenAI does), repetition_penalty (default: the model's recommended
+one, from its generation_config.json); presence_penalty and
 frequency_penalty are applied by the engine over the generated tokens.
 """
 
@@ -138,8 +139,15 @@ def _is_text(value: Any) -> bool:
     return isinstance(value, dict) and value.get("type") == "text"
 
 
-def params(body: dict[str, Any], rows: list[list[int]], max_length: int, default_max: int | None) -> Params:
-    """Generation parameters for `rows` (already tokenized), checked against the model's length."""
+def params(
+    body: dict[str, Any],
+    rows: list[list[int]],
+    max_length: int,
+    default_max: int | None,
+    recommended: dict[str, Any] | None = None,
+) -> Params:
+    """Generation parameters for `rows` (already tokenized), checked against the model's length;
+    `recommended` (the manifest's generation settings) gives the repetition penalty's default."""
     longest = max(len(r) for r in rows)
     room = max_length - longest
     if room < 1:
@@ -168,7 +176,9 @@ def params(body: dict[str, Any], rows: list[list[int]], max_length: int, default
         temperature=temperature if temperature > 0 else None,
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
         top_k=top_k if top_k > 0 else None,
-        repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 100.0, low_open=True),
+        repetition_penalty=_number(
+            body, "repetition_penalty", (recommended or {}).get("repetition_penalty", 1.0), 0.0, 100.0, low_open=True
+        ),
         seed=None if seed is None else _int(body, "seed", 0, 0, 2**63 - 1),
         stop_strings=_stops(body.get("stop")),
     )
