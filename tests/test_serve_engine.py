@@ -41,7 +41,7 @@ def _prompt(length: int, seed: int = 0, vocab: int = 320) -> list[int]:
 
 def _submit(engine: Engine, prompt: list[int], **kwargs: object) -> tuple[Request, Result]:
     result = Result()
-    req = Request(prompt, GenerationConfig.from_kwargs(**kwargs), result)
+    req = Request(prompt, engine.model.generation_config(**kwargs), result)  # as Model.generate builds it
     engine.submit(req)
     return req, result
 

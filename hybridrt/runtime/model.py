@@ -85,7 +85,7 @@ class Model:
 
     def generate_with_stats(self, prompt: Any, **kwargs: Any) -> tuple[Output, dec.GenerationStats]:
         """As generate, with what the generation did: token counts and timings."""
-        cfg = self._config(kwargs)
+        cfg = self.generation_config(**kwargs)
         prompts = self.prompt_rows(prompt, cfg)
         self.check_length(prompts.rows, cfg)
         stats = dec.GenerationStats()
@@ -95,7 +95,7 @@ class Model:
 
     def stream(self, prompt: str | Sequence[int], **kwargs: Any) -> TextStream:
         """Text pieces of one prompt's continuation, as they are generated (see TextStream)."""
-        cfg = self._config(kwargs)
+        cfg = self.generation_config(**kwargs)
         need_tokenizer(self.tokenizer)
         prompts = self.prompt_rows(prompt, cfg)
         if not prompts.single:
@@ -110,15 +110,16 @@ class Model:
 
     # Building blocks shared with ChatSession (private to this module).
 
-    def _config(self, kwargs: dict[str, Any]) -> GenerationConfig:
-        """The caller's parameters over the model's recommended ones (manifest `generation`)."""
+    def generation_config(self, **kwargs: Any) -> GenerationConfig:
+        """The settings generate() would use: the caller's parameters over the model's
+        recommended ones (manifest `generation`, from the checkpoint's generation_config.json)."""
         GenerationConfig.from_kwargs(**kwargs)  # the caller's own values, checked first
         return GenerationConfig.from_kwargs(**merge(self.manifest.generation, kwargs))
 
     def prompt_rows(self, prompt: Any, cfg: GenerationConfig | None = None, add_special_tokens: bool = True) -> Prompts:
         """Token rows of a prompt (text, ids, or a batch of either); text gets the BOS token first
         when cfg (by default the model's recommended settings) asks for it with add_bos_token."""
-        cfg = cfg or self._config({})
+        cfg = cfg or self.generation_config()
         prompts = as_prompts(prompt, self.tokenizer, self.manifest.vocab_size, add_special_tokens)
         bos = self.manifest.special_tokens.get("bos_token_id")
         if prompts.text and add_special_tokens and cfg.add_bos_token and isinstance(bos, int):
@@ -224,7 +225,7 @@ class ChatSession:
 
     def _prepare(self, prompt: Any, kwargs: dict[str, Any]) -> tuple[GenerationConfig, Prompts]:
         m = self.model
-        cfg = m._config(kwargs)
+        cfg = m.generation_config(**kwargs)
         # Special tokens (BOS) open a conversation, not each turn.
         prompts = m.prompt_rows(prompt, cfg, add_special_tokens=not self.history)
         if not prompts.single:

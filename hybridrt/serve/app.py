@@ -26,7 +26,6 @@ from starlette.routing import Route
 
 from ..errors import GenerationError
 from ..runtime.model import Model
-from ..runtime.text import encode
 from .chat import ChatTemplate, check_messages
 from .config import ServeConfig
 from .engine import Engine, EngineBusy, EngineClosed
@@ -103,7 +102,8 @@ class Server:
         if self.template is None:
             self.template = ChatTemplate.for_model(model.path)
         try:
-            rows = encode([self.template.render(messages)], model.tokenizer, add_special_tokens=False)
+            # Tokenized as generate() would tokenize the rendered text: <s> first where the model asks for it.
+            rows = model.prompt_rows(self.template.render(messages)).rows
         except GenerationError as e:
             raise ApiError(400, str(e), "messages") from None
         p = params(body, rows, model.max_length, None, model.manifest.generation)
