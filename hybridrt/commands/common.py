@@ -49,7 +49,7 @@ class Ticker:
             if message != shown:
                 wait, shown = self.every, message
             if message and running >= wait:
-                stage(self.t0, f"{self.prefix}... still {message.rstrip('.')} ({running:.0f} s)")
+                stage(self.t0, f"{self.prefix}... still {message.strip().rstrip('.')} ({running:.0f} s)")
                 wait = running + min(running, 60.0)
 
 
