@@ -19,24 +19,23 @@ from typing import Any
 import numpy as np
 
 from ..graphs.contract import TensorSpec
-from ..graphs.feeds import NUMPY_DTYPES, state_shape
+from ..graphs.feeds import graph_feeds, zero_states
 from ..runtime.model import Model
 
 
 @dataclass(frozen=True)
 class Graph:
-    """What running the graph needs: the session, the state specs, whether it takes positions."""
+    """What running the graph needs: the session, its declared inputs and state specs."""
 
     session: Any
+    inputs: tuple[TensorSpec, ...]
     pasts: tuple[TensorSpec, ...]
-    uses_positions: bool
     vocab: int
 
     @classmethod
     def of(cls, model: Model) -> Graph:
         m = model.manifest
-        positions = any(s.name == "position_ids" for s in m.inputs)
-        return cls(model.inference_session, tuple(m.pasts), positions, int(m.vocab_size))
+        return cls(model.inference_session, tuple(m.inputs), tuple(m.pasts), int(m.vocab_size))
 
     def kv_axis(self, spec: TensorSpec) -> int | None:
         """The axis that grows per token (KV), or None for a fixed-size state."""
@@ -54,7 +53,7 @@ class Rows:
 
     @classmethod
     def fresh(cls, graph: Graph, batch: int = 1) -> Rows:
-        states = [np.zeros(state_shape(s, batch), NUMPY_DTYPES[s.dtype]) for s in graph.pasts]
+        states = list(zero_states(graph.pasts, batch).values())  # in the order of graph.pasts
         return cls(graph, states, 0, np.zeros(batch, dtype=np.int64))
 
     @property
@@ -74,10 +73,8 @@ class Rows:
     def run(self, ids: np.ndarray) -> np.ndarray:
         """Feed ids [b, s] (no padding inside a call); returns last-position logits [b, V]."""
         s = ids.shape[1]
-        feeds: dict[str, np.ndarray] = {"input_ids": ids, "attention_mask": self.mask(s)}
-        if self.graph.uses_positions:
-            feeds["position_ids"] = self.count[:, None] + np.arange(s)[None, :]
-        feeds.update((spec.name, x) for spec, x in zip(self.graph.pasts, self.states))
+        states = {spec.name: x for spec, x in zip(self.graph.pasts, self.states)}
+        feeds = graph_feeds(self.graph.inputs, ids, self.mask(s), states)  # positions: count + arange
         logits, *self.states = self.graph.session.run(None, feeds)
         self.length += s
         self.count = self.count + s
