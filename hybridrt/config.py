@@ -1,8 +1,8 @@
 """The model configuration: one frozen dataclass, the single source of defaults. Torch-free,
 below graphs/ (whose contract is a function of it) and models/ (which builds from it).
 
-`layer_types` is the hybrid as data: one entry per layer, each a mixer kind from
-`MIXER_KINDS`. It drives the model build, the graph's state inputs (graphs.contract),
+`layer_types` is the hybrid as data: one entry per layer, each a mixer kind of
+`kinds.LAYER_KINDS`. It drives the model build, the graph's state inputs (graphs.contract),
 the runtime's buffer allocation and the tests.
 """
 
@@ -12,8 +12,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-MIXER_KINDS = ("attention", "mamba", "mamba2", "conv")
-FFN_KINDS = ("mlp", "moe", "shared_mlp", "shared_moe", "none")
+from .kinds import FFN_KINDS, LAYER_KINDS
+
+MIXER_KINDS = LAYER_KINDS  # the table in kinds.py; names here for older imports
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -92,8 +93,8 @@ class HybridConfig:
         if len(self.layer_types) != len(self.ffn_types):
             raise ValueError("layer_types and ffn_types must have one entry per layer")
         for kind in self.layer_types:
-            if kind not in MIXER_KINDS:
-                raise ValueError(f"unknown mixer kind {kind!r}; known: {', '.join(MIXER_KINDS)}")
+            if kind not in LAYER_KINDS:
+                raise ValueError(f"unknown mixer kind {kind!r}; known: {', '.join(LAYER_KINDS)}")
         for kind in self.ffn_types:
             if kind not in FFN_KINDS:
                 raise ValueError(f"unknown feed-forward kind {kind!r}; known: {', '.join(FFN_KINDS)}")
@@ -128,6 +129,11 @@ class HybridConfig:
     def mamba2_conv_dim(self) -> int:
         """Channels of the Mamba2 conv: x, B and C side by side."""
         return self.mamba2_d_inner + 2 * self.mamba2_groups * self.mamba_d_state
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether any layer reads the additive attention mask (a kind with `attention`)."""
+        return any(LAYER_KINDS[k].attention for k in self.layer_types)
 
     @property
     def uses_positions(self) -> bool:

@@ -222,7 +222,7 @@ def init_weights(model: HybridForCausalLM, cfg: HybridConfig, std: float) -> Non
 
 
 def fast_mamba_forward(
-    self: MambaMixer, x: torch.Tensor, mask: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+    self: MambaMixer, x: torch.Tensor, ctx: object, conv_state: torch.Tensor, ssm_state: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """MambaMixer.forward for unpadded sequences, with h stepped over time.
 

@@ -14,6 +14,9 @@ from hybridrt.quantization import QuantConfig
 from hybridrt.quantization.rewrites import find_vocab_nodes, give_private_weights, quantize_vocab
 from hybridrt.quantization.selection import select_nodes
 
+# the tiny Jamba of checkpoints.make_jamba: attention every second layer
+JAMBA_KINDS = ("mamba", "attention", "mamba", "attention")
+
 
 @pytest.fixture(scope="module")
 def jamba_graph(jamba_onnx: Path) -> onnx.GraphProto:
@@ -21,15 +24,24 @@ def jamba_graph(jamba_onnx: Path) -> onnx.GraphProto:
 
 
 def test_default_keep_float_list_and_state_rules(jamba_graph: onnx.GraphProto) -> None:
-    default = select_nodes(jamba_graph, QuantConfig())
+    default = select_nodes(jamba_graph, QuantConfig(), JAMBA_KINDS)
     kept = set(default.excluded)
     assert {"/model/layers.0/mixer/dt_proj/MatMul", "/model/layers.1/ffn/router/MatMul"} <= kept
     assert "/model/layers.1/mixer/MatMul" in kept  # attention over the KV cache: no constant weight
     assert "/model/layers.0/mixer/in_proj/MatMul" in default.quantize
+    assert "mamba layer" in default.excluded["/model/layers.0/mixer/dt_proj/MatMul"]
+
+
+def test_kind_rules_apply_to_layers_of_that_kind_only(jamba_graph: onnx.GraphProto) -> None:
+    """A kind's keep-float rule (hybridrt.kinds) is anchored at its own layers: declared as if
+    layer 0 were attention, the Mamba dt_proj of layer 0 is quantized and layer 2's kept."""
+    swapped = select_nodes(jamba_graph, QuantConfig(), ("attention", "attention", "mamba", "attention"))
+    assert "/model/layers.0/mixer/dt_proj/MatMul" in swapped.quantize
+    assert "/model/layers.2/mixer/dt_proj/MatMul" in swapped.excluded
 
 
 def test_vocabulary_nodes_are_selected_apart(jamba_graph: onnx.GraphProto) -> None:
-    default = select_nodes(jamba_graph, QuantConfig())
+    default = select_nodes(jamba_graph, QuantConfig(), JAMBA_KINDS)
     assert default.vocab == ["/model/embed_tokens/Gather", "/lm_head/MatMul"]
     assert not set(default.vocab) & set(default.quantize)
 

@@ -6,12 +6,13 @@ One graph serves prompt and decode. Inputs: `input_ids` int64 [batch, seq],
 tensor per state. Outputs: `logits` float32 [batch, seq, vocab] for every position of the
 call, then one `present.*` per state, in the same order as the pasts.
 
-States by mixer kind (layer index i):
+States by mixer kind (layer index i), as `hybridrt.kinds.LAYER_KINDS` declares them:
   attention  past.{i}.key / past.{i}.value   [batch, kv_heads, past_len, head_dim]  grows per token
   mamba      past.{i}.conv [batch, d_inner, d_conv-1], past.{i}.ssm [batch, d_inner, d_state]
   mamba2     past.{i}.conv [batch, conv_dim, d_conv-1], past.{i}.ssm [batch, heads, head_dim, d_state]
              (conv_dim = d_inner + 2 groups d_state: x, B and C share one conv)
   conv       past.{i}.conv [batch, hidden, conv_kernel-1]  (LFM2's short conv)
+  (docs/adding-an-architecture.md lists every kind.)
 A fresh sequence starts from zeros and a past of length 0.
 """
 
@@ -21,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..config import HybridConfig
+from ..kinds import LENGTH, layer_kind
 
 Dim = str | int
 
@@ -49,25 +51,17 @@ class TensorSpec:
 
 
 def _layer_states(cfg: HybridConfig, i: int, kind: str, prefix: str, length: str) -> list[TensorSpec]:
-    if kind == "attention":
-        dims: tuple[Dim, ...] = ("batch", cfg.num_key_value_heads, length, cfg.attn_head_dim)
-        return [TensorSpec(f"{prefix}.{i}.{s}", dims, "float32", s, i) for s in ("key", "value")]
-    if kind == "mamba":
-        return [
-            TensorSpec(f"{prefix}.{i}.conv", ("batch", cfg.d_inner, cfg.mamba_d_conv - 1), "float32", "conv", i),
-            TensorSpec(f"{prefix}.{i}.ssm", ("batch", cfg.d_inner, cfg.mamba_d_state), "float32", "ssm", i),
-        ]
-    if kind == "mamba2":
-        ssm: tuple[Dim, ...] = ("batch", cfg.mamba2_heads, cfg.mamba2_head_dim, cfg.mamba_d_state)
-        return [
-            TensorSpec(
-                f"{prefix}.{i}.conv", ("batch", cfg.mamba2_conv_dim, cfg.mamba_d_conv - 1), "float32", "conv", i
-            ),
-            TensorSpec(f"{prefix}.{i}.ssm", ssm, "float32", "ssm", i),
-        ]
-    if kind == "conv":
-        return [TensorSpec(f"{prefix}.{i}.conv", ("batch", cfg.hidden_size, cfg.conv_kernel - 1), "float32", "conv", i)]
-    raise ValueError(f"no state contract for mixer kind {kind!r}")
+    """The states `kinds.LAYER_KINDS[kind]` declares, as tensors of layer i."""
+    return [
+        TensorSpec(
+            f"{prefix}.{i}.{s.name}",
+            ("batch", *(length if d == LENGTH else d for d in s.dims(cfg))),
+            s.dtype,
+            s.name,
+            i,
+        )
+        for s in layer_kind(kind).states
+    ]
 
 
 def past_specs(cfg: HybridConfig) -> list[TensorSpec]:

@@ -16,7 +16,6 @@ from safetensors import safe_open
 
 from ..config import HybridConfig
 from ..errors import CheckpointError
-from . import families  # noqa: F401  (registers the built-in families)
 from .model import HybridForCausalLM
 from .registry import Family, get_family
 
@@ -106,14 +105,16 @@ def weight_files(src: Path) -> list[Path]:
     return files
 
 
-def read_tensors(files: list[Path], family: Family) -> dict[str, torch.Tensor]:
+def read_tensors(files: list[Path], family: Family, cfg: HybridConfig) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
         try:
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():
                     if not family.ignored(name):
-                        tensors[family.rename(name)] = f.get_tensor(name)
+                        ours = family.rename(name, cfg)
+                        tensor = f.get_tensor(name)
+                        tensors[ours] = tensor if family.convert is None else family.convert(ours, tensor, cfg)
         except Exception as e:  # safetensors raises its own error types for corrupt files
             raise CheckpointError(f"cannot read {path}: {e} (the file is truncated or not safetensors)") from None
     return _stack_legacy_experts(tensors)
@@ -137,7 +138,7 @@ def load_model(src: str | Path) -> tuple[HybridForCausalLM, dict[str, Any]]:
     """Build the reference model from a checkpoint directory (float32, eval mode)."""
     src = Path(src)
     cfg, family, hf = load_config(src)
-    tensors = read_tensors(weight_files(src), family)
+    tensors = read_tensors(weight_files(src), family, cfg)
     try:
         model = HybridForCausalLM(cfg)
     except (TypeError, ValueError, RuntimeError, ZeroDivisionError) as e:

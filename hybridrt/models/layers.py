@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..config import HybridConfig
+from .context import MixerContext
 
 
 class RMSNorm(nn.Module):
@@ -39,7 +40,7 @@ def activation(name: str) -> nn.Module:
 class MLP(nn.Module):
     """Gated MLP: down(act(gate(x)) * up(x)). x [b, l, d] -> [b, l, d]."""
 
-    def __init__(self, cfg: HybridConfig) -> None:
+    def __init__(self, cfg: HybridConfig, layer: int = 0) -> None:
         super().__init__()
         d, f = cfg.hidden_size, cfg.intermediate_size
         self.gate_proj = nn.Linear(d, f, bias=cfg.mlp_bias)
@@ -60,7 +61,7 @@ class MoE(nn.Module):
     Weights: router.weight [E, d], experts.gate_up_proj [E, 2f, d], experts.down_proj [E, d, f].
     """
 
-    def __init__(self, cfg: HybridConfig) -> None:
+    def __init__(self, cfg: HybridConfig, layer: int = 0) -> None:
         super().__init__()
         d, f, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.moe_renormalize
@@ -121,11 +122,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Attention(nn.Module):
     """Grouped-query causal attention with optional RoPE and an explicit KV past.
 
-    x [b, l, d], mask [b, 1, l, p+l] additive float, cos/sin [b, l, hd] or None,
+    x [b, l, d]; ctx.bias [b, 1, l, p+l] additive float, ctx.cos/sin [b, l, rd] or None;
     past_k/past_v [b, h_kv, p, hd] -> (y [b, l, d], present_k/present_v [b, h_kv, p+l, hd]).
     """
 
-    def __init__(self, cfg: HybridConfig) -> None:
+    def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()
         d, hd = cfg.hidden_size, cfg.attn_head_dim
         self.h, self.h_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, hd
@@ -140,15 +141,11 @@ class Attention(nn.Module):
         self.scale = cfg.attention_multiplier if cfg.attention_multiplier is not None else hd**-0.5
 
     def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor,
-        cos: torch.Tensor | None,
-        sin: torch.Tensor | None,
-        past_k: torch.Tensor,
-        past_v: torch.Tensor,
+        self, x: torch.Tensor, ctx: MixerContext, past_k: torch.Tensor, past_v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, l, _ = x.shape
+        mask, cos, sin = ctx.bias, ctx.cos, ctx.sin
+        assert mask is not None
         q = self.q_proj(x).view(b, l, self.h, self.hd).transpose(1, 2)
         k = self.k_proj(x).view(b, l, self.h_kv, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(b, l, self.h_kv, self.hd).transpose(1, 2)

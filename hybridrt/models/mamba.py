@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import HybridConfig
+from .context import MixerContext
 from .layers import RMSNorm
 from .ops import selective_scan
 
@@ -42,9 +43,9 @@ class WeightlessRMSNorm(nn.Module):
 
 
 class MambaMixer(nn.Module):
-    """x [b, l, d], mask [b, l], conv [b, d_inner, k-1], ssm [b, d_inner, n] -> (y, conv', ssm')."""
+    """x [b, l, d], ctx (mask [b, l]), conv [b, d_inner, k-1], ssm [b, d_inner, n] -> (y, conv', ssm')."""
 
-    def __init__(self, cfg: HybridConfig) -> None:
+    def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()
         d, di, n, r, k = cfg.hidden_size, cfg.d_inner, cfg.mamba_d_state, cfg.dt_rank, cfg.mamba_d_conv
         self.d_inner, self.n, self.r = di, n, r
@@ -63,9 +64,9 @@ class MambaMixer(nn.Module):
             self.dt_norm, self.b_norm, self.c_norm = norm(r, eps), norm(n, eps), norm(n, eps)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+        self, x: torch.Tensor, ctx: MixerContext, conv_state: torch.Tensor, ssm_state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        m = mask.unsqueeze(-1).to(x.dtype)  # padding positions must leave the state untouched
+        m = ctx.mask.unsqueeze(-1).to(x.dtype)  # padding positions must leave the state untouched
         xz = self.in_proj(x * m)
         xs, z = xz.chunk(2, dim=-1)  # [b, l, d_inner] each
         xs, conv_state = causal_conv(xs.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import HybridConfig
+from .context import MixerContext
 from .mamba import causal_conv
 from .ops import ssd_scan
 
@@ -38,9 +39,9 @@ class GatedRMSNorm(nn.Module):
 
 
 class Mamba2Mixer(nn.Module):
-    """x [b, l, d], mask [b, l], conv [b, conv_dim, k-1], ssm [b, H, P, n] -> (y [b, l, d], conv', ssm')."""
+    """x [b, l, d], ctx (mask [b, l]), conv [b, conv_dim, k-1], ssm [b, H, P, n] -> (y [b, l, d], conv', ssm')."""
 
-    def __init__(self, cfg: HybridConfig) -> None:
+    def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()
         d, di, k = cfg.hidden_size, cfg.mamba2_d_inner, cfg.mamba_d_conv
         self.H, self.P, self.G, self.n = cfg.mamba2_heads, cfg.mamba2_head_dim, cfg.mamba2_groups, cfg.mamba_d_state
@@ -61,10 +62,10 @@ class Mamba2Mixer(nn.Module):
         return t.reshape(b, l, self.H, self.n)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+        self, x: torch.Tensor, ctx: MixerContext, conv_state: torch.Tensor, ssm_state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, l = x.shape[0], x.shape[1]
-        m = mask.unsqueeze(-1).to(x.dtype)  # padding positions must leave the state untouched
+        m = ctx.mask.unsqueeze(-1).to(x.dtype)  # padding positions must leave the state untouched
         z, xbc, dt = torch.split(self.in_proj(x * m), [self.d_inner, self.conv_dim, self.H], dim=-1)
         xbc, conv_state = causal_conv(xbc.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias)
         xbc = F.silu(xbc).transpose(1, 2) * m  # [b, l, conv_dim]

@@ -1,5 +1,8 @@
 """The hybrid decoder: a stack of mixers chosen by `layer_types`, each with its state.
 
+Each layer's mixer and feed-forward come from the kinds table (`hybridrt.kinds`), so this
+file names no kind: every mixer is called as `mixer(norm(x), ctx, *past) -> (y, *present)`.
+
 Glossary: b batch, l sequence length of this call, p past length, d hidden size, v vocab.
 State in, state out: `forward` takes the flat list of past states in graph-contract order
 (`hybridrt.graphs.contract.state_specs`) and returns logits and the present states.
@@ -7,48 +10,53 @@ State in, state out: `forward` takes the flat list of past states in graph-contr
 
 from __future__ import annotations
 
+import importlib
 from typing import cast
 
 import torch
 from torch import nn
 
 from ..config import HybridConfig
-from .layers import MLP, Attention, MoE, RMSNorm, attention_bias, rope_cos_sin, rope_inv_freq
-from .mamba import MambaMixer
-from .mamba2 import Mamba2Mixer
-from .shared_ffn import SharedMLP, SharedMoE
-from .shortconv import ShortConv
+from ..kinds import FFN_KINDS, layer_kind
+from .context import MixerContext
+from .layers import RMSNorm, attention_bias, rope_cos_sin, rope_inv_freq
 
-MIXERS: dict[str, type[nn.Module]] = {
-    "attention": Attention,
-    "mamba": MambaMixer,
-    "mamba2": Mamba2Mixer,
-    "conv": ShortConv,
-}
-FFNS: dict[str, type[nn.Module]] = {"mlp": MLP, "moe": MoE, "shared_mlp": SharedMLP, "shared_moe": SharedMoE}
-STATES_PER_KIND = {"attention": 2, "mamba": 2, "mamba2": 2, "conv": 1}
+
+def _resolve(path: str) -> type[nn.Module]:
+    """ "package.module:Class" from the kinds table -> the class."""
+    module, _, name = path.partition(":")
+    return cast(type[nn.Module], getattr(importlib.import_module(module), name))
 
 
 class Block(nn.Module):
     """Pre-norm residual block: x + mixer(norm(x)), then x + ffn(norm(x))."""
 
-    def __init__(self, cfg: HybridConfig, kind: str, ffn: str) -> None:
+    def __init__(self, cfg: HybridConfig, layer: int, shared: nn.ModuleDict) -> None:
         super().__init__()
-        self.kind = kind
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mixer = MIXERS[kind](cfg)
+        self.kind = cfg.layer_types[layer]
+        spec = layer_kind(self.kind)
+        self.n_states = len(spec.states)
+        self.mixer: nn.Module | None = None
+        self.input_norm: nn.Module | None = None
+        if spec.module is not None:
+            self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.mixer = _resolve(spec.module)(cfg, layer, shared)
         self.ffn: nn.Module | None = None
         self.ffn_norm: nn.Module | None = None
-        if ffn != "none":
+        ffn = FFN_KINDS[cfg.ffn_types[layer]]
+        if ffn is not None:
             self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-            self.ffn = FFNS[ffn](cfg)
+            self.ffn = _resolve(ffn)(cfg, layer)
 
 
 class HybridModel(nn.Module):
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Block(cfg, k, f) for k, f in zip(cfg.layer_types, cfg.ffn_types))
+        # Weights that several layers use (a kind's mixers may create and share them here);
+        # empty for most families, so it adds no parameter names.
+        self.shared = nn.ModuleDict()
+        self.layers = nn.ModuleList(Block(cfg, i, self.shared) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -88,23 +96,17 @@ class HybridForCausalLM(nn.Module):
         if self.inv_freq is not None:
             assert position_ids is not None, "this model uses rotary positions: pass position_ids"
             cos, sin = rope_cos_sin(self.inv_freq, position_ids)
-        bias = attention_bias(attention_mask, l) if "attention" in self.config.layer_types else None
-        token_mask = attention_mask[:, attention_mask.shape[1] - l :]
+        bias = attention_bias(attention_mask, l) if cfg.has_attention else None
+        ctx = MixerContext(attention_mask[:, attention_mask.shape[1] - l :], bias, cos, sin, x)
         out: list[torch.Tensor] = []
         i = 0
         for layer in self.model.layers:
             block = cast(Block, layer)
-            h = block.input_norm(x)
-            n_states = STATES_PER_KIND[block.kind]
-            past = states[i : i + n_states]
-            if block.kind == "attention":
-                assert bias is not None
-                h, *present = block.mixer(h, bias, cos, sin, *past)
-            else:
-                h, *present = block.mixer(h, token_mask, *past)
-            out += present
-            i += n_states
-            x = x + self._residual(h)
+            if block.mixer is not None and block.input_norm is not None:
+                h, *present = block.mixer(block.input_norm(x), ctx, *states[i : i + block.n_states])
+                out += present
+                i += block.n_states
+                x = x + self._residual(h)
             if block.ffn is not None and block.ffn_norm is not None:
                 x = x + self._residual(block.ffn(block.ffn_norm(x)))
         logits = self.lm_head(self.model.norm(x))

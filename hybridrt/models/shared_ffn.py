@@ -17,7 +17,7 @@ from .layers import MoE, activation
 class FusedMLP(nn.Module):
     """down(act(gate(x)) * up(x)) with gate and up stacked in input_linear [2fs, d]. x [b, l, d] -> [b, l, d]."""
 
-    def __init__(self, cfg: HybridConfig) -> None:
+    def __init__(self, cfg: HybridConfig, layer: int = 0) -> None:
         super().__init__()
         d, f = cfg.hidden_size, cfg.shared_intermediate_size
         self.input_linear = nn.Linear(d, 2 * f, bias=False)
@@ -32,7 +32,7 @@ class FusedMLP(nn.Module):
 class SharedMLP(nn.Module):
     """The dense case: the shared expert alone."""
 
-    def __init__(self, cfg: HybridConfig) -> None:
+    def __init__(self, cfg: HybridConfig, layer: int = 0) -> None:
         super().__init__()
         self.shared = FusedMLP(cfg)
 
@@ -43,7 +43,7 @@ class SharedMLP(nn.Module):
 class SharedMoE(nn.Module):
     """moe(x) + shared(x)."""
 
-    def __init__(self, cfg: HybridConfig) -> None:
+    def __init__(self, cfg: HybridConfig, layer: int = 0) -> None:
         super().__init__()
         self.moe = MoE(cfg)
         self.shared = FusedMLP(cfg)

@@ -10,13 +10,14 @@ import torch
 from torch import nn
 
 from ..config import HybridConfig
+from .context import MixerContext
 from .mamba import causal_conv
 
 
 class ShortConv(nn.Module):
-    """x [b, l, d], mask [b, l], conv [b, d, k-1] -> (y [b, l, d], conv')."""
+    """x [b, l, d], ctx (mask [b, l]), conv [b, d, k-1] -> (y [b, l, d], conv')."""
 
-    def __init__(self, cfg: HybridConfig) -> None:
+    def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()
         d = cfg.hidden_size
         self.in_proj = nn.Linear(d, 3 * d, bias=cfg.conv_bias)
@@ -24,9 +25,9 @@ class ShortConv(nn.Module):
         self.out_proj = nn.Linear(d, d, bias=cfg.conv_bias)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor, conv_state: torch.Tensor
+        self, x: torch.Tensor, ctx: MixerContext, conv_state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        m = mask.unsqueeze(1).to(x.dtype)  # [b, 1, l]: padding must leave the conv state untouched
+        m = ctx.mask.unsqueeze(1).to(x.dtype)  # [b, 1, l]: padding must leave the conv state untouched
         B, C, xs = self.in_proj(x).transpose(1, 2).chunk(3, dim=1)  # [b, d, l] each
         y, conv_state = causal_conv(B * xs * m, conv_state, self.conv.weight, self.conv.bias)
         return self.out_proj((C * y).transpose(1, 2)), conv_state

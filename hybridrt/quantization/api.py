@@ -66,7 +66,7 @@ def quantize(
     parent = load(src, "cpu")
     reader, held_out = _calibrate(parent, cfg, texts, eval_texts, say) if has_tokenizer else (None, "")
     model, external = _load_graph(src / parent_manifest.graph_file)
-    selection = select_nodes(model.graph, cfg)
+    selection = select_nodes(model.graph, cfg, parent_manifest.layer_types)
     rewrites.give_private_weights(model.graph, selection.quantize)
     with atomic_directory(out, QuantizationError) as tmp:
         label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode

@@ -14,8 +14,10 @@ Two rules always hold (no option overrides them):
 - a MatMul without a constant weight (activation x activation: attention scores and
   values over the KV cache) stays float.
 
-DEFAULT_KEEP_FLOAT lists the rest (drop it with keep_float_default=False; --include
-PATTERN quantizes matching nodes anyway, --exclude PATTERN keeps more float).
+DEFAULT_KEEP_FLOAT lists the rest, with the `keep_float` rules each layer kind declares in
+`hybridrt.kinds` (applied to the layers of that kind only; drop all of them with
+keep_float_default=False; --include PATTERN quantizes matching nodes anyway, --exclude
+PATTERN keeps more float).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
+from ..kinds import LAYER_KINDS
 from .config import QUANTIZED_OP_TYPES, QuantConfig
 from .rewrites import VocabNodes, constant_weights, find_vocab_nodes
 
@@ -38,7 +41,6 @@ DEFAULT_KEEP_FLOAT: tuple[KeepFloat, ...] = (
     KeepFloat("*/LinearAttention*", "the SSM recurrence S_t = exp(g_t) S_t-1 + k_t v_t: its error compounds per token"),
     KeepFloat("*/Softplus*", "dt = softplus(.) sets the decay exp(dt A); small errors change how long state lasts"),
     KeepFloat("*/Exp*", "exp(dt A), the per-token decay of the SSM state"),
-    KeepFloat("*/mixer/dt_proj/*", "dt_proj feeds softplus and exp (the decay); it is small (dt_rank x d_inner)"),
     KeepFloat("*norm*", "RMSNorm (Pow/ReduceMean/Sqrt) and the dt/B/C norms: reductions that scale every channel"),
     KeepFloat("*/mixer/Conv*", "the causal conv runs over [conv state, x]: the conv state path"),
     KeepFloat("*/ffn/router/*", "the MoE router: a flipped top-k sends tokens to other experts; it is tiny"),
@@ -78,9 +80,22 @@ class NodeSelection:
         return [n for n in self.quantize if n not in self.float_activations]
 
 
-def select_nodes(graph: Any, cfg: QuantConfig) -> NodeSelection:
-    """Apply the state rules, the default list (unless disabled), --exclude and --include."""
-    defaults = [(k.pattern, k.why) for k in DEFAULT_KEEP_FLOAT] if cfg.keep_float_default else []
+def kind_rules(layer_types: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
+    """Each layer kind's keep-float rules (hybridrt.kinds), anchored at the layers of that kind."""
+    rules = []
+    for i, name in enumerate(layer_types):
+        kind = LAYER_KINDS.get(name)
+        for pattern, why in kind.keep_float if kind is not None else ():
+            rules.append((f"/model/layers.{i}/{pattern}", f"{name} layer: {why}"))
+    return rules
+
+
+def select_nodes(graph: Any, cfg: QuantConfig, layer_types: list[str] | tuple[str, ...] = ()) -> NodeSelection:
+    """Apply the state rules, the default list and the kinds' rules (unless disabled),
+    --exclude and --include."""
+    defaults = (
+        [(k.pattern, k.why) for k in DEFAULT_KEEP_FLOAT] + kind_rules(layer_types) if cfg.keep_float_default else []
+    )
     patterns = defaults + [(p, "--exclude") for p in cfg.exclude]
     weights = constant_weights(graph)
     vocab_nodes = find_vocab_nodes(graph)

@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
-from ..registry import Family, eos_ids, register, rope_settings
-from .granitemoehybrid import mamba2_fields
-from .mamba2 import check_silu
+from ..registry import Family, register
+from ..translate import check_silu, eos_ids, mamba2_fields, rope_settings
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from ...config import HybridConfig
 from ..registry import Family, register
-from .mamba import FAMILY as MAMBA
-from .mamba import translate as translate_mamba
+from ..translate import MAMBA_RENAMES, mamba_model
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:
-    cfg = translate_mamba(hf)
-    return dataclasses.replace(
-        cfg,
-        model_type="falcon_mamba",
+    return mamba_model(
+        "falcon_mamba",
+        hf,
         mamba_inner_norms=True,
         mamba_inner_norm_weights=False,
         mamba_inner_norm_eps=hf.get("mixer_rms_eps", 1e-6),
     )
 
 
-FAMILY = register(Family(model_type="falcon_mamba", translate=translate, renames=MAMBA.renames))
+FAMILY = register(Family(model_type="falcon_mamba", translate=translate, renames=MAMBA_RENAMES))

@@ -7,40 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
-from ..registry import Family, eos_ids, register, rope_settings, unsupported
-from .mamba2 import check_silu, check_time_step_limit
-
-# Released files spell the layer kinds "mamba"/"attention" (`layers_block_type`); newer
-# transformers write "linear_attention"/"full_attention" (`layer_types`).
-LAYER_KINDS = {"mamba": "mamba2", "linear_attention": "mamba2", "attention": "attention", "full_attention": "attention"}
-
-
-def layer_kinds(model_type: str, hf: dict[str, Any], default: str) -> tuple[str, ...]:
-    field = "layer_types" if hf.get("layer_types") is not None else "layers_block_type"
-    kinds = hf.get(field) or [default] * hf.get("num_hidden_layers", 32)
-    for kind in kinds:
-        if kind not in LAYER_KINDS:
-            raise unsupported(model_type, field, kind, ", ".join(LAYER_KINDS))
-    return tuple(LAYER_KINDS[k] for k in kinds)
-
-
-def mamba2_fields(model_type: str, hf: dict[str, Any], d: int) -> dict[str, Any]:
-    """The `mamba_*` fields that Granite and Bamba share."""
-    check_time_step_limit(model_type, hf)
-    heads, expand = hf.get("mamba_n_heads", 128), hf.get("mamba_expand", 2)
-    head_dim = hf.get("mamba_d_head", "auto")
-    head_dim = expand * d // heads if head_dim == "auto" else int(head_dim)
-    if head_dim * heads != expand * d:
-        raise unsupported(model_type, "mamba_d_head", head_dim, "mamba_expand * hidden_size / mamba_n_heads")
-    return {
-        "mamba_d_state": hf.get("mamba_d_state", 256),
-        "mamba_d_conv": hf.get("mamba_d_conv", 4),
-        "mamba2_heads": heads,
-        "mamba2_head_dim": head_dim,
-        "mamba2_groups": hf.get("mamba_n_groups", 1),
-        "mamba2_conv_bias": hf.get("mamba_conv_bias", True),
-        "mamba2_proj_bias": hf.get("mamba_proj_bias", False),
-    }
+from ..registry import Family, register
+from ..translate import check_silu, eos_ids, layer_kinds, mamba2_fields, rope_settings, unsupported
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:

@@ -3,35 +3,11 @@ feed-forward; the helpers here also translate the Mamba2 fields of Bamba and Gra
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ...config import HybridConfig
-from ..registry import Family, eos_ids, register, unsupported
-
-# A pure-SSM model has no positions to run out of; this only bounds the runtime's mask buffer.
-SSM_MAX_LENGTH = 65536
-
-
-def as_float(value: Any) -> float:
-    """A float as transformers writes it to JSON: a number, or {"__float__": "Infinity"}."""
-    if isinstance(value, dict) and "__float__" in value:
-        value = value["__float__"]
-    return float(value)
-
-
-def check_time_step_limit(model_type: str, hf: dict[str, Any]) -> None:
-    """transformers clamps dt to `time_step_limit` in its chunked scan only (not in the
-    one-token step); with the default (0, inf) the clamp is a no-op everywhere."""
-    limit = hf.get("time_step_limit", (0.0, math.inf))
-    low, high = (as_float(v) for v in limit)
-    if low > 0.0 or high != math.inf:
-        raise unsupported(model_type, "time_step_limit", list(limit), "(0.0, inf)")
-
-
-def check_silu(model_type: str, hf: dict[str, Any]) -> None:
-    if hf.get("hidden_act", "silu") != "silu":
-        raise unsupported(model_type, "hidden_act", hf["hidden_act"], "silu")
+from ..registry import Family, register
+from ..translate import SSM_MAX_LENGTH, check_silu, check_time_step_limit, eos_ids, unsupported
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:

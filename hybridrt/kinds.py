@@ -1,0 +1,127 @@
+"""Layer kinds as data: the one table that says what each mixer kind is.
+
+Every kind declares, once, the module that implements it, the states it carries from one
+call to the next (name, per-sequence dims as a function of the config, dtype), whether it
+reads the attention mask and rotary positions, and which of its nodes quantization keeps
+float. The graph contract (graphs.contract), the reference model (models.model), the
+runtime's buffers (through the contract), quantization's keep-float rules and the tests
+all read this table; nothing else lists kinds.
+
+A mixer is `Module(cfg, layer, shared)` called as `mixer(x, ctx, *past) -> (y, *present)`
+with x [b, l, d] the normed hidden states, ctx a `models.context.MixerContext` and the
+pasts in the order of `states`. A new kind is one entry here, one module, its tests.
+
+Torch-free (the runtime reads the state dims): the module is named, not imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# The dims functions take a hybridrt.config.HybridConfig; it is typed Any here because
+# config.py reads this table (validating layer_types), and the import graph has no cycles.
+HybridConfig = Any
+
+Dim = str | int
+LENGTH = "length"  # the axis of a state that grows by one row per token (attention KV)
+
+
+@dataclass(frozen=True)
+class StateDecl:
+    """One state tensor of a layer: `past.{i}.{name}` in, `present.{i}.{name}` out.
+
+    `dims` gives the per-sequence dims (after the batch axis) for a config; the string
+    LENGTH marks the axis that grows per token (the contract names it past_len/total_len)."""
+
+    name: str
+    dims: Callable[[HybridConfig], tuple[Dim, ...]]
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    name: str
+    module: str | None  # "package.module:Class"; None for a layer without a mixer
+    states: tuple[StateDecl, ...]
+    summary: str
+    attention: bool = False  # reads ctx.bias (additive causal/padding mask) and rotary cos/sin
+    # (fnmatch pattern under /model/layers.{i}/, why) for nodes that stay float in every mode
+    keep_float: tuple[tuple[str, str], ...] = ()
+
+
+def _kv(cfg: HybridConfig) -> tuple[Dim, ...]:
+    return (cfg.num_key_value_heads, LENGTH, cfg.attn_head_dim)
+
+
+KEY = StateDecl("key", _kv)
+VALUE = StateDecl("value", _kv)
+MAMBA2_CONV = StateDecl("conv", lambda c: (c.mamba2_conv_dim, c.mamba_d_conv - 1))
+MAMBA2_SSM = StateDecl("ssm", lambda c: (c.mamba2_heads, c.mamba2_head_dim, c.mamba_d_state))
+
+LAYER_KINDS: dict[str, LayerKind] = {}
+FFN_KINDS: dict[str, str | None] = {}
+
+
+def register_kind(kind: LayerKind) -> LayerKind:
+    LAYER_KINDS[kind.name] = kind
+    return kind
+
+
+def register_ffn(name: str, module: str | None) -> None:
+    FFN_KINDS[name] = module
+
+
+register_kind(
+    LayerKind(
+        "attention",
+        "hybridrt.models.layers:Attention",
+        (KEY, VALUE),
+        "grouped-query causal attention, optional RoPE and q/k norms; KV grows per token",
+        attention=True,
+    )
+)
+register_kind(
+    LayerKind(
+        "mamba",
+        "hybridrt.models.mamba:MambaMixer",
+        (
+            StateDecl("conv", lambda c: (c.d_inner, c.mamba_d_conv - 1)),
+            StateDecl("ssm", lambda c: (c.d_inner, c.mamba_d_state)),
+        ),
+        "Mamba1 selective SSM (per-channel decay) after a depthwise causal conv",
+        keep_float=(
+            ("mixer/dt_proj/*", "dt_proj feeds softplus and exp (the decay); it is small (dt_rank x d_inner)"),
+        ),
+    )
+)
+register_kind(
+    LayerKind(
+        "mamba2",
+        "hybridrt.models.mamba2:Mamba2Mixer",
+        (MAMBA2_CONV, MAMBA2_SSM),
+        "Mamba2 SSD (scalar decay per head); x, B and C share one conv; gated RMSNorm",
+    )
+)
+register_kind(
+    LayerKind(
+        "conv",
+        "hybridrt.models.shortconv:ShortConv",
+        (StateDecl("conv", lambda c: (c.hidden_size, c.conv_kernel - 1)),),
+        "LFM2's gated short causal conv",
+    )
+)
+register_kind(LayerKind("none", None, (), "no mixer: the layer is its feed-forward alone"))
+
+register_ffn("mlp", "hybridrt.models.layers:MLP")
+register_ffn("moe", "hybridrt.models.layers:MoE")
+register_ffn("shared_mlp", "hybridrt.models.shared_ffn:SharedMLP")
+register_ffn("shared_moe", "hybridrt.models.shared_ffn:SharedMoE")
+register_ffn("none", None)
+
+
+def layer_kind(name: str) -> LayerKind:
+    if name not in LAYER_KINDS:
+        raise ValueError(f"unknown mixer kind {name!r}; known: {', '.join(LAYER_KINDS)}")
+    return LAYER_KINDS[name]

@@ -1,0 +1,157 @@
+"""Helpers shared by the family translators (hybridrt.models.families.*): no family imports
+another, so what two families share lives here. Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..config import HybridConfig
+from ..errors import UnsupportedArchitectureError
+
+
+def unsupported(model_type: str, field: str, value: Any, supported: str) -> UnsupportedArchitectureError:
+    return UnsupportedArchitectureError(
+        f"{model_type}: config field {field!r} = {value!r} is not supported by hybridrt (supported: {supported})"
+    )
+
+
+def eos_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list | tuple) else (int(value),)
+
+
+def rope_settings(
+    model_type: str, hf: dict[str, Any], default_theta: float = 10000.0, handled: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """rope_theta, rope_type and scaling from `rope_parameters` (transformers 5) or
+    `rope_theta` + `rope_scaling` (transformers 4)."""
+    params = hf.get("rope_parameters")
+    field = "rope_parameters"
+    if params is None:
+        params = dict(hf.get("rope_scaling") or {})
+        field = "rope_scaling"
+        params.setdefault("rope_theta", hf.get("rope_theta", default_theta))
+    params = dict(params)
+    rope_type = params.pop("rope_type", params.pop("type", "default")) or "default"
+    theta = float(params.pop("rope_theta", hf.get("rope_theta", default_theta)))
+    needed = {
+        "default": (),
+        "linear": ("factor",),
+        "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    }
+    if rope_type not in needed:
+        raise unsupported(model_type, f"{field}.rope_type", rope_type, ", ".join(needed))
+    scaling = tuple((k, float(params[k])) for k in needed[rope_type] if k in params)
+    # Keys the family reads itself (`handled`) or that change nothing are fine; any other key
+    # would change the positions, so it is refused rather than ignored.
+    extra = [
+        k
+        for k in params
+        if k not in needed[rope_type]
+        and k not in handled
+        and not (k == "partial_rotary_factor" and float(params[k]) == 1.0)
+    ]
+    if extra:
+        raise unsupported(model_type, f"{field}.{extra[0]}", params[extra[0]], "none for this family")
+    missing = [k for k in needed[rope_type] if k not in params]
+    if missing:
+        raise UnsupportedArchitectureError(f"{model_type}: {field} of type {rope_type!r} lacks {missing}")
+    return {"rope_theta": theta, "rope_type": rope_type, "rope_scaling": scaling}
+
+
+# A pure-SSM model has no positions to run out of; this only bounds the runtime's mask buffer.
+SSM_MAX_LENGTH = 65536
+
+
+def as_float(value: Any) -> float:
+    """A float as transformers writes it to JSON: a number, or {"__float__": "Infinity"}."""
+    if isinstance(value, dict) and "__float__" in value:
+        value = value["__float__"]
+    return float(value)
+
+
+def check_time_step_limit(model_type: str, hf: dict[str, Any]) -> None:
+    """transformers clamps dt to `time_step_limit` in its chunked scan only (not in the
+    one-token step); with the default (0, inf) the clamp is a no-op everywhere."""
+    limit = hf.get("time_step_limit", (0.0, math.inf))
+    low, high = (as_float(v) for v in limit)
+    if low > 0.0 or high != math.inf:
+        raise unsupported(model_type, "time_step_limit", list(limit), "(0.0, inf)")
+
+
+def check_silu(model_type: str, hf: dict[str, Any]) -> None:
+    if hf.get("hidden_act", "silu") != "silu":
+        raise unsupported(model_type, "hidden_act", hf["hidden_act"], "silu")
+
+
+# Released files spell the layer kinds "mamba"/"attention" (`layers_block_type`); newer
+# transformers write "linear_attention"/"full_attention" (`layer_types`).
+LAYER_KINDS = {"mamba": "mamba2", "linear_attention": "mamba2", "attention": "attention", "full_attention": "attention"}
+
+
+def layer_kinds(model_type: str, hf: dict[str, Any], default: str) -> tuple[str, ...]:
+    field = "layer_types" if hf.get("layer_types") is not None else "layers_block_type"
+    kinds = hf.get(field) or [default] * hf.get("num_hidden_layers", 32)
+    for kind in kinds:
+        if kind not in LAYER_KINDS:
+            raise unsupported(model_type, field, kind, ", ".join(LAYER_KINDS))
+    return tuple(LAYER_KINDS[k] for k in kinds)
+
+
+def mamba2_fields(model_type: str, hf: dict[str, Any], d: int) -> dict[str, Any]:
+    """The `mamba_*` fields that Granite and Bamba share."""
+    check_time_step_limit(model_type, hf)
+    heads, expand = hf.get("mamba_n_heads", 128), hf.get("mamba_expand", 2)
+    head_dim = hf.get("mamba_d_head", "auto")
+    head_dim = expand * d // heads if head_dim == "auto" else int(head_dim)
+    if head_dim * heads != expand * d:
+        raise unsupported(model_type, "mamba_d_head", head_dim, "mamba_expand * hidden_size / mamba_n_heads")
+    return {
+        "mamba_d_state": hf.get("mamba_d_state", 256),
+        "mamba_d_conv": hf.get("mamba_d_conv", 4),
+        "mamba2_heads": heads,
+        "mamba2_head_dim": head_dim,
+        "mamba2_groups": hf.get("mamba_n_groups", 1),
+        "mamba2_conv_bias": hf.get("mamba_conv_bias", True),
+        "mamba2_proj_bias": hf.get("mamba_proj_bias", False),
+    }
+
+
+MAMBA_RENAMES = (
+    (r"^backbone\.embeddings\.", "model.embed_tokens."),
+    (r"^backbone\.norm_f\.", "model.norm."),
+    (r"^backbone\.layers\.(\d+)\.norm\.", r"model.layers.\1.input_norm."),
+    (r"^backbone\.", "model."),
+)
+
+
+def mamba_model(model_type: str, hf: dict[str, Any], **changes: Any) -> HybridConfig:
+    """A stack of Mamba1 mixers (`MambaForCausalLM` and the families that share its config)."""
+    check_silu(model_type, hf)
+    n = hf.get("num_hidden_layers", 32)
+    d = hf.get("hidden_size", 768)
+    rank = hf.get("time_step_rank", "auto")
+    fields: dict[str, Any] = dict(
+        model_type=model_type,
+        vocab_size=hf.get("vocab_size", 50280),
+        hidden_size=d,
+        layer_types=("mamba",) * n,
+        ffn_types=("none",) * n,
+        rms_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        tie_word_embeddings=hf.get("tie_word_embeddings", True),
+        max_position_embeddings=SSM_MAX_LENGTH,
+        mamba_d_state=hf.get("state_size", 16),
+        mamba_d_conv=hf.get("conv_kernel", 4),
+        mamba_expand=hf.get("expand", 2),
+        mamba_dt_rank=-(-d // 16) if rank == "auto" else int(rank),
+        mamba_conv_bias=hf.get("use_conv_bias", True),
+        mamba_proj_bias=hf.get("use_bias", False),
+        mamba_inner_norms=False,
+        bos_token_id=hf.get("bos_token_id", 0),
+        eos_token_id=eos_ids(hf.get("eos_token_id", 0)),
+        pad_token_id=hf.get("pad_token_id", 0),
+    )
+    return HybridConfig(**(fields | changes))
