@@ -1,11 +1,12 @@
-"""Tiny random checkpoints of the families beyond Jamba and Llama (no hub, no network)."""
+"""Tiny random checkpoints of every family (no hub, no network): BUILDERS drives the one
+family suite (tests/test_families.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-from checkpoints import VOCAB, _randomize, make_tokenizer
+from checkpoints import VOCAB, _randomize, make_jamba, make_llama, make_tokenizer
 
 COMMON = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
@@ -146,6 +147,8 @@ def make_falcon_mamba(directory: Path, seed: int = 0, **overrides: object) -> Pa
 
 
 BUILDERS = {
+    "jamba": make_jamba,
+    "llama": make_llama,
     "mamba2": make_mamba2,
     "granitemoehybrid": make_granitemoehybrid,
     "bamba": make_bamba,
