@@ -146,6 +146,45 @@ def make_falcon_mamba(directory: Path, seed: int = 0, **overrides: object) -> Pa
     return _save(FalconMambaForCausalLM(FalconMambaConfig(**kwargs)), directory)
 
 
+def make_falcon_h1(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Falcon-H1: attention (RoPE, GQA) beside a Mamba2 mixer in every layer, every muP multiplier
+    away from 1, biased projections, and the gated RMSNorm normalizing before the gate."""
+    from transformers import FalconH1Config, FalconH1ForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_d_ssm=48,
+        mamba_n_heads=6,
+        mamba_d_head=8,
+        mamba_n_groups=2,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_chunk_size=32,
+        mamba_rms_norm=True,
+        mamba_norm_before_gate=True,
+        mamba_proj_bias=True,
+        projectors_bias=True,
+        embedding_multiplier=1.7,
+        lm_head_multiplier=0.6,
+        attention_in_multiplier=0.8,
+        attention_out_multiplier=1.3,
+        key_multiplier=0.7,
+        ssm_in_multiplier=1.2,
+        ssm_out_multiplier=0.9,
+        ssm_multipliers=[0.8, 1.1, 0.9, 1.2, 0.7],
+        mlp_multipliers=[1.1, 0.8],
+        max_position_embeddings=512,
+        initializer_range=0.2,
+    )
+    kwargs.update(overrides)
+    return _save(FalconH1ForCausalLM(FalconH1Config(**kwargs)), directory)
+
+
 BUILDERS = {
     "jamba": make_jamba,
     "llama": make_llama,
@@ -155,4 +194,5 @@ BUILDERS = {
     "lfm2": make_lfm2,
     "mamba": make_mamba,
     "falcon_mamba": make_falcon_mamba,
+    "falcon_h1": make_falcon_h1,
 }
