@@ -185,6 +185,37 @@ def make_falcon_h1(directory: Path, seed: int = 0, **overrides: object) -> Path:
     return _save(FalconH1ForCausalLM(FalconH1Config(**kwargs)), directory)
 
 
+def make_lfm2_moe(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """LFM2-MoE: short-conv layers with attention at layers 1 and 3, a dense first layer, then a
+    6-expert top-2 sigmoid MoE with a (random) selection bias, renormalized and scaled."""
+    from transformers import Lfm2MoeConfig, Lfm2MoeForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=24,
+        num_hidden_layers=4,
+        layer_types=["conv", "full_attention", "conv", "full_attention"],
+        num_dense_layers=1,
+        num_experts=6,
+        num_experts_per_tok=2,
+        routed_scaling_factor=1.5,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        conv_L_cache=3,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+    )
+    kwargs.update(overrides)
+    model = Lfm2MoeForCausalLM(Lfm2MoeConfig(**kwargs))
+    with torch.no_grad():  # a selection bias comparable to the sigmoid scores, so it changes choices
+        for name, buf in model.named_buffers():
+            if name.endswith("expert_bias"):
+                buf.copy_(torch.randn_like(buf) * 0.3)
+    return _save(model, directory)
+
+
 BUILDERS = {
     "jamba": make_jamba,
     "llama": make_llama,
@@ -195,4 +226,5 @@ BUILDERS = {
     "mamba": make_mamba,
     "falcon_mamba": make_falcon_mamba,
     "falcon_h1": make_falcon_h1,
+    "lfm2_moe": make_lfm2_moe,
 }
