@@ -53,11 +53,11 @@ class FalconH1Mamba(Mamba2Mixer):
         di, gn = self.d_inner, self.G * self.n
         self.out_proj = nn.Linear(di, cfg.hidden_size, bias=cfg.mamba2_out_bias)
         self.gated_norm = cfg.mamba2_gated_norm
-        self.norm: nn.Module
+        # `norm` keeps its checkpoint name: none (no weight), or normalizing before the gate
         if not cfg.mamba2_gated_norm:
-            self.norm = nn.Identity()
+            self.add_module("norm", nn.Identity())
         elif cfg.mamba2_norm_before_gate:
-            self.norm = GroupRMSNormThenGate(di, di // self.G, cfg.rms_norm_eps)
+            self.add_module("norm", GroupRMSNormThenGate(di, di // self.G, cfg.rms_norm_eps))
         self.in_multiplier = cfg.ssm_in_multiplier
         mz, mx, mb, mc, mdt = cfg.ssm_multipliers
         parts = [(di, mz), (di, mx), (gn, mb), (gn, mc), (self.H, mdt)]

@@ -27,7 +27,11 @@ class SigmoidMoE(nn.Module):
         super().__init__()
         d, e = cfg.hidden_size, cfg.num_experts
         f = cfg.moe_intermediate_size or cfg.intermediate_size
-        self.top_k, self.renormalize, self.scaling = cfg.num_experts_per_tok, cfg.moe_renormalize, cfg.moe_routed_scaling
+        self.top_k, self.renormalize, self.scaling = (
+            cfg.num_experts_per_tok,
+            cfg.moe_renormalize,
+            cfg.moe_routed_scaling,
+        )
         self.router = nn.Linear(d, e, bias=False)
         self.expert_bias: torch.Tensor | None
         if cfg.moe_expert_bias:

@@ -8,14 +8,13 @@ from typing import Any
 
 from ...config import HybridConfig
 from ..registry import Family, register
-from ..translate import check_silu, eos_ids, rope_settings, unsupported
+from ..translate import eos_ids, rope_settings, unsupported
 
 MODEL = "lfm2_moe"
 LAYER_KINDS = {"conv": "conv", "full_attention": "attention"}
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:
-    check_silu(MODEL, hf)
     kinds = hf.get("layer_types")
     if not isinstance(kinds, list) or len(kinds) != hf.get("num_hidden_layers", len(kinds)):
         raise unsupported(MODEL, "layer_types", kinds, "a list of conv/full_attention, one per layer")
