@@ -23,6 +23,11 @@ def _multipliers(hf: dict[str, Any], field: str, default: list[float]) -> tuple[
     return tuple(float(v) for v in value)
 
 
+def _scalar(hf: dict[str, Any], field: str) -> float:
+    value = hf.get(field)
+    return 1.0 if value is None else float(value)
+
+
 def translate(hf: dict[str, Any]) -> HybridConfig:
     check_silu(MODEL, hf)
     check_time_step_limit(MODEL, hf)
@@ -41,7 +46,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     groups = hf.get("mamba_n_groups", 1)
     if m_heads % groups or d_ssm % groups:
         raise unsupported(MODEL, "mamba_n_groups", groups, "a divisor of mamba_n_heads")
-    key_multiplier = float(hf.get("key_multiplier") or 1.0)
+    key_multiplier = _scalar(hf, "key_multiplier")
     rms_norm = hf.get("mamba_rms_norm", False)
     return HybridConfig(
         model_type=MODEL,
@@ -60,12 +65,12 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         mlp_bias=hf.get("mlp_bias", False),
         # the key multiplier scales every score of the head alike
         attention_multiplier=key_multiplier * head_dim**-0.5,
-        embedding_multiplier=float(hf.get("embedding_multiplier", 1.0) or 1.0),
-        logits_scaling=1.0 / float(hf.get("lm_head_multiplier", 1.0) or 1.0),
-        attention_in_multiplier=float(hf.get("attention_in_multiplier", 1.0) or 1.0),
-        attention_out_multiplier=float(hf.get("attention_out_multiplier", 1.0) or 1.0),
-        ssm_in_multiplier=float(hf.get("ssm_in_multiplier", 1.0) or 1.0),
-        ssm_out_multiplier=float(hf.get("ssm_out_multiplier", 1.0) or 1.0),
+        embedding_multiplier=_scalar(hf, "embedding_multiplier"),
+        logits_scaling=1.0 / _scalar(hf, "lm_head_multiplier"),
+        attention_in_multiplier=_scalar(hf, "attention_in_multiplier"),
+        attention_out_multiplier=_scalar(hf, "attention_out_multiplier"),
+        ssm_in_multiplier=_scalar(hf, "ssm_in_multiplier"),
+        ssm_out_multiplier=_scalar(hf, "ssm_out_multiplier"),
         ssm_multipliers=_multipliers(hf, "ssm_multipliers", [1.0] * 5),
         mlp_multipliers=_multipliers(hf, "mlp_multipliers", [1.0, 1.0]),
         mamba_d_state=hf.get("mamba_d_state", 256),
