@@ -64,7 +64,6 @@ FAMILY = register(
             (r"\.self_attn\.", ".mixer."),
             (r"^model\.layers\.(\d+)\.conv\.", r"model.layers.\1.mixer."),
             (r"\.operator_norm\.", ".input_norm."),
-            (r"\.ffn_norm\.", ".ffn_norm."),
             # dense layers
             (r"\.feed_forward\.w1\.", ".ffn.gate_proj."),
             (r"\.feed_forward\.w3\.", ".ffn.up_proj."),
