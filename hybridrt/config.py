@@ -82,6 +82,20 @@ class HybridConfig:
     num_experts: int = 1
     num_experts_per_tok: int = 1
     moe_renormalize: bool = False  # top-k weights rescaled to sum to 1 (Granite); Jamba keeps them
+    # Falcon-H1 (kind "parallel_hybrid", FFN "scaled_mlp"): muP multipliers; defaults change nothing.
+    attention_in_multiplier: float = 1.0  # on the attention's input
+    attention_out_multiplier: float = 1.0  # on the attention's output
+    ssm_in_multiplier: float = 1.0  # on the Mamba2 mixer's input
+    ssm_out_multiplier: float = 1.0  # on the Mamba2 mixer's output
+    ssm_multipliers: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0)  # on in_proj's z, x, B, C, dt parts
+    mlp_multipliers: tuple[float, ...] = (1.0, 1.0)  # on the gate projection and on the MLP's output
+    mamba2_gated_norm: bool = True  # False: y * silu(z) with no RMSNorm (Falcon-H1 mamba_rms_norm false)
+    mamba2_norm_before_gate: bool = False  # True: RMSNorm(y) * silu(z) (Falcon-H1 mamba_norm_before_gate)
+    mamba2_out_bias: bool = False  # bias of the Mamba2 out_proj (Falcon-H1 projectors_bias)
+    # LFM2-MoE (FFN "sigmoid_moe"): sigmoid router, selection-only expert bias, scaled weights.
+    moe_intermediate_size: int = 0  # each routed expert's size; 0 = intermediate_size
+    moe_expert_bias: bool = False  # a per-expert bias added to the scores for the top-k choice only
+    moe_routed_scaling: float = 1.0  # the routing weights are multiplied by it
     # Special tokens
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
@@ -148,7 +162,7 @@ class HybridConfig:
     def from_dict(cls, data: dict[str, Any]) -> HybridConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
-        for key in ("layer_types", "ffn_types", "eos_token_id"):
+        for key in ("layer_types", "ffn_types", "eos_token_id", "ssm_multipliers", "mlp_multipliers"):
             if key in kwargs:
                 kwargs[key] = tuple(kwargs[key])
         if "rope_scaling" in kwargs:

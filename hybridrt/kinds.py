@@ -113,12 +113,23 @@ register_kind(
     )
 )
 register_kind(LayerKind("none", None, (), "no mixer: the layer is its feed-forward alone"))
+register_kind(
+    LayerKind(
+        "parallel_hybrid",
+        "hybridrt.models.parallel_hybrid:ParallelHybrid",
+        (KEY, VALUE, MAMBA2_CONV, MAMBA2_SSM),
+        "Falcon-H1: attention and a Mamba2 mixer side by side on the same input, outputs summed",
+        attention=True,
+    )
+)
 
 register_ffn("mlp", "hybridrt.models.layers:MLP")
 register_ffn("moe", "hybridrt.models.layers:MoE")
 register_ffn("shared_mlp", "hybridrt.models.shared_ffn:SharedMLP")
 register_ffn("shared_moe", "hybridrt.models.shared_ffn:SharedMoE")
 register_ffn("none", None)
+register_ffn("scaled_mlp", "hybridrt.models.parallel_hybrid:ScaledMLP")
+register_ffn("sigmoid_moe", "hybridrt.models.sigmoid_moe:SigmoidMoE")
 
 
 def layer_kind(name: str) -> LayerKind:

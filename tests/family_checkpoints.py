@@ -146,6 +146,76 @@ def make_falcon_mamba(directory: Path, seed: int = 0, **overrides: object) -> Pa
     return _save(FalconMambaForCausalLM(FalconMambaConfig(**kwargs)), directory)
 
 
+def make_falcon_h1(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Falcon-H1: attention (RoPE, GQA) beside a Mamba2 mixer in every layer, every muP multiplier
+    away from 1, biased projections, and the gated RMSNorm normalizing before the gate."""
+    from transformers import FalconH1Config, FalconH1ForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_d_ssm=48,
+        mamba_n_heads=6,
+        mamba_d_head=8,
+        mamba_n_groups=2,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_chunk_size=32,
+        mamba_rms_norm=True,
+        mamba_norm_before_gate=True,
+        mamba_proj_bias=True,
+        projectors_bias=True,
+        embedding_multiplier=1.7,
+        lm_head_multiplier=0.6,
+        attention_in_multiplier=0.8,
+        attention_out_multiplier=1.3,
+        key_multiplier=0.7,
+        ssm_in_multiplier=1.2,
+        ssm_out_multiplier=0.9,
+        ssm_multipliers=[0.8, 1.1, 0.9, 1.2, 0.7],
+        mlp_multipliers=[1.1, 0.8],
+        max_position_embeddings=512,
+        initializer_range=0.2,
+    )
+    kwargs.update(overrides)
+    return _save(FalconH1ForCausalLM(FalconH1Config(**kwargs)), directory)
+
+
+def make_lfm2_moe(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """LFM2-MoE: short-conv layers with attention at layers 1 and 3, a dense first layer, then a
+    6-expert top-2 sigmoid MoE with a (random) selection bias, renormalized and scaled."""
+    from transformers import Lfm2MoeConfig, Lfm2MoeForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=24,
+        num_hidden_layers=4,
+        layer_types=["conv", "full_attention", "conv", "full_attention"],
+        num_dense_layers=1,
+        num_experts=6,
+        num_experts_per_tok=2,
+        routed_scaling_factor=1.5,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        conv_L_cache=3,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+    )
+    kwargs.update(overrides)
+    model = Lfm2MoeForCausalLM(Lfm2MoeConfig(**kwargs))
+    with torch.no_grad():  # a selection bias comparable to the sigmoid scores, so it changes choices
+        for name, buf in model.named_buffers():
+            if name.endswith("expert_bias"):
+                buf.copy_(torch.randn_like(buf) * 0.3)
+    return _save(model, directory)
+
+
 BUILDERS = {
     "jamba": make_jamba,
     "llama": make_llama,
@@ -155,4 +225,6 @@ BUILDERS = {
     "lfm2": make_lfm2,
     "mamba": make_mamba,
     "falcon_mamba": make_falcon_mamba,
+    "falcon_h1": make_falcon_h1,
+    "lfm2_moe": make_lfm2_moe,
 }

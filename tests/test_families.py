@@ -245,6 +245,13 @@ def test_granite_released_layer_spelling(family_dirs: dict[str, Path], tmp_path_
         ("granitemoehybrid", "position_embedding_type", "alibi"),
         ("lfm2", "layer_types", ["conv", "sliding_attention", "conv", "full_attention"]),
         ("mamba", "hidden_act", "gelu"),
+        ("falcon_h1", "time_step_limit", [0.0, 0.5]),
+        ("falcon_h1", "hidden_act", "gelu"),
+        ("falcon_h1", "ssm_multipliers", [1.0, 1.0]),
+        ("falcon_h1", "mamba_d_head", 4),
+        ("falcon_h1", "rope_parameters", {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0}),
+        ("lfm2_moe", "layer_types", ["conv", "sliding_attention", "conv", "full_attention"]),
+        ("lfm2_moe", "rope_parameters", {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
     ],
 )
 def test_unsupported_variant_is_refused_by_field(  # type: ignore[no-untyped-def]
