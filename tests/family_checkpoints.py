@@ -156,3 +156,40 @@ BUILDERS = {
     "mamba": make_mamba,
     "falcon_mamba": make_falcon_mamba,
 }
+
+
+def make_qwen3_next(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Qwen3-Next: Gated DeltaNet (2 key heads serving 4 value heads) and gated attention (GQA,
+    rotary on a quarter of each head); a 4-expert top-2 MoE with a gated shared expert on every
+    layer but layer 2 (`mlp_only_layers`), which has a dense MLP."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=12,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=24,
+        shared_expert_intermediate_size=40,
+        decoder_sparse_step=1,
+        mlp_only_layers=[2],
+        max_position_embeddings=512,
+        initializer_range=0.1,  # at 0.2 transformers' own chunked and recurrent rules differ by 5e-4
+    )
+    kwargs.update(overrides)
+    return _save(Qwen3NextForCausalLM(Qwen3NextConfig(**kwargs)), directory)
+
+
+BUILDERS["qwen3_next"] = make_qwen3_next
