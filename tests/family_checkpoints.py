@@ -193,3 +193,33 @@ def make_qwen3_next(directory: Path, seed: int = 0, **overrides: object) -> Path
 
 
 BUILDERS["qwen3_next"] = make_qwen3_next
+
+
+def make_qwen3_5(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Qwen3.5 text: Gated DeltaNet (2 key heads serving 4 value heads, split projections) and
+    gated attention (GQA, rotary on a quarter of each head), dense MLPs."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=12,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=512,
+        initializer_range=0.1,  # as Qwen3-Next's: far from the chunked rule's rounding
+    )
+    kwargs.update(overrides)
+    return _save(Qwen3_5ForCausalLM(Qwen3_5TextConfig(**kwargs)), directory)
+
+
+BUILDERS["qwen3_5"] = make_qwen3_5
