@@ -223,3 +223,35 @@ def make_qwen3_5(directory: Path, seed: int = 0, **overrides: object) -> Path:
 
 
 BUILDERS["qwen3_5"] = make_qwen3_5
+
+
+def make_qwen3_5_moe(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Qwen3.5 MoE text: Qwen3.5's layers, a 4-expert top-2 MoE with a gated shared expert on each."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=12,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=24,
+        shared_expert_intermediate_size=40,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+    )
+    kwargs.update(overrides)
+    return _save(Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**kwargs)), directory)
+
+
+BUILDERS["qwen3_5_moe"] = make_qwen3_5_moe
