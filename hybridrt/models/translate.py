@@ -224,3 +224,22 @@ def qwen_zero_centered(name: str, tensor: Any, cfg: HybridConfig) -> Any:
     if re.search(r"(\.(input_norm|ffn_norm|q_norm|k_norm)|^model\.norm)\.weight$", name):
         return tensor.float() + 1.0  # in float32, as transformers computes 1 + w
     return tensor
+
+
+def qwen_text_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config of a multimodal Qwen3.5 checkpoint (`text_config`), with the
+    top-level settings that apply to it (tied embeddings, special tokens when the text config
+    lacks them)."""
+    text = dict(hf.get("text_config") or {})
+    if "tie_word_embeddings" in hf:
+        text["tie_word_embeddings"] = hf["tie_word_embeddings"]
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if text.get(key) is None and hf.get(key) is not None:
+            text[key] = hf[key]
+    return text
+
+
+# A multimodal Qwen3.5 checkpoint: the language model under `model.language_model.`, the vision
+# tower under `model.visual.` (not needed for text).
+QWEN_MULTIMODAL_RENAMES = ((r"^model\.language_model\.", "model."),) + QWEN_GDN_RENAMES
+QWEN_MULTIMODAL_IGNORE = QWEN_GDN_IGNORE + (r"^model\.visual\.",)
