@@ -306,3 +306,57 @@ def make_qwen3_5_vl(directory: Path, seed: int = 0, **overrides: object) -> Path
 
 
 BUILDERS["qwen3_5_vl"] = make_qwen3_5_vl
+
+
+def make_qwen3_5_moe_vl(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Multimodal Qwen3.5 MoE (model_type "qwen3_5_moe"): `make_qwen3_5_moe`'s text model (with
+    MRoPE sections) beside a one-block vision tower that text never uses."""
+    from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+
+    torch.manual_seed(seed)
+    text = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [1, 1, 0],
+            "mrope_interleaved": True,
+        },
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=12,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=24,
+        shared_expert_intermediate_size=40,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    vision = dict(
+        depth=1,
+        hidden_size=16,
+        intermediate_size=32,
+        num_heads=2,
+        out_hidden_size=32,
+        patch_size=4,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+    )
+    kwargs: dict[str, object] = dict(text_config=text, vision_config=vision, initializer_range=0.1)
+    kwargs.update(overrides)
+    return _save(Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(**kwargs)), directory)
+
+
+BUILDERS["qwen3_5_moe_vl"] = make_qwen3_5_moe_vl
