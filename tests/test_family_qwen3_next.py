@@ -57,3 +57,33 @@ def test_qwen3_5_default_layer_pattern_matches_transformers(tmp_path: Path) -> N
     ckpt = make_qwen3_5(tmp_path / "q", seed=2, layer_types=None, num_hidden_layers=4)
     assert load_config(ckpt)[0].layer_types == ("gated_delta",) * 3 + ("attention",)
     _matches_transformers(ckpt)
+
+
+def test_qwen3_next_per_expert_tensors_load(tmp_path: Path) -> None:
+    """Released Qwen3-Next files store each expert's gate/up/down projections apart."""
+    import shutil
+
+    from family_checkpoints import make_qwen3_next
+    from safetensors.torch import load_file, save_file
+
+    src = make_qwen3_next(tmp_path / "q", seed=3)
+    dst = tmp_path / "split"
+    shutil.copytree(src, dst)
+    tensors = load_file(str(src / "model.safetensors"))
+    split: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            gate, up = t.chunk(2, dim=1)
+            for e in range(t.shape[0]):
+                split[f"{name[: -len('gate_up_proj')]}{e}.gate_proj.weight"] = gate[e].contiguous()
+                split[f"{name[: -len('gate_up_proj')]}{e}.up_proj.weight"] = up[e].contiguous()
+        elif name.endswith("mlp.experts.down_proj"):
+            for e in range(t.shape[0]):
+                split[f"{name[: -len('down_proj')]}{e}.down_proj.weight"] = t[e].contiguous()
+        else:
+            split[name] = t
+    save_file(split, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    a, _ = load_model(src)
+    b, _ = load_model(dst)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
