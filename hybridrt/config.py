@@ -93,9 +93,19 @@ class HybridConfig:
     mamba2_norm_before_gate: bool = False  # True: RMSNorm(y) * silu(z) (Falcon-H1 mamba_norm_before_gate)
     mamba2_out_bias: bool = False  # bias of the Mamba2 out_proj (Falcon-H1 projectors_bias)
     # LFM2-MoE (FFN "sigmoid_moe"): sigmoid router, selection-only expert bias, scaled weights.
-    moe_intermediate_size: int = 0  # each routed expert's size; 0 = intermediate_size
+    moe_intermediate_size: int = 0  # each routed expert's size (also Qwen3-Next); 0 = intermediate_size
     moe_expert_bias: bool = False  # a per-expert bias added to the scores for the top-k choice only
     moe_routed_scaling: float = 1.0  # the routing weights are multiplied by it
+    # Gated DeltaNet (Qwen3-Next, Qwen3.5): linear-attention layers with a delta-rule state
+    # [b, gdn_v_heads, gdn_k_head_dim, gdn_v_head_dim]; each key head serves v/k value heads.
+    gdn_k_heads: int = 0
+    gdn_v_heads: int = 0
+    gdn_k_head_dim: int = 128
+    gdn_v_head_dim: int = 128
+    gdn_conv_kernel: int = 4
+    gdn_split_proj: bool = False  # Qwen3.5: in_proj_qkv/z/b/a; else Qwen3-Next's interleaved qkvz/ba
+    # Gated attention (Qwen3-Next, Qwen3.5): q_proj also yields a per-head gate, y * sigmoid(gate).
+    attn_output_gate: bool = False
     # Special tokens
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
@@ -143,6 +153,11 @@ class HybridConfig:
     def mamba2_conv_dim(self) -> int:
         """Channels of the Mamba2 conv: x, B and C side by side."""
         return self.mamba2_d_inner + 2 * self.mamba2_groups * self.mamba_d_state
+
+    @property
+    def gdn_conv_dim(self) -> int:
+        """Channels of the Gated DeltaNet conv: q, k and v side by side."""
+        return 2 * self.gdn_k_heads * self.gdn_k_head_dim + self.gdn_v_heads * self.gdn_v_head_dim
 
     @property
     def has_attention(self) -> bool:

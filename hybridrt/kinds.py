@@ -122,6 +122,24 @@ register_kind(
         attention=True,
     )
 )
+register_kind(
+    LayerKind(
+        "gated_delta",
+        "hybridrt.models.gated_delta:GatedDeltaNet",
+        (
+            StateDecl("conv", lambda c: (c.gdn_conv_dim, c.gdn_conv_kernel - 1)),
+            # [H_v, K, V]: transformers' and onnxruntime LinearAttention's layout
+            StateDecl("ssm", lambda c: (c.gdn_v_heads, c.gdn_k_head_dim, c.gdn_v_head_dim)),
+        ),
+        "Gated DeltaNet (Qwen3-Next, Qwen3.5): delta-rule linear attention with a scalar decay per "
+        "head after a depthwise causal conv over q, k and v; gated RMSNorm",
+        keep_float=(
+            ("mixer/in_proj_ba/*", "in_proj_ba feeds softplus and exp (the decay) and sigmoid (beta); it is small"),
+            ("mixer/in_proj_a/*", "in_proj_a feeds softplus and exp (the decay); it is small (d x heads)"),
+            ("mixer/in_proj_b/*", "in_proj_b feeds sigmoid (beta, the delta rule's step); it is small"),
+        ),
+    )
+)
 
 register_ffn("mlp", "hybridrt.models.layers:MLP")
 register_ffn("moe", "hybridrt.models.layers:MoE")
@@ -130,6 +148,7 @@ register_ffn("shared_moe", "hybridrt.models.shared_ffn:SharedMoE")
 register_ffn("none", None)
 register_ffn("scaled_mlp", "hybridrt.models.parallel_hybrid:ScaledMLP")
 register_ffn("sigmoid_moe", "hybridrt.models.sigmoid_moe:SigmoidMoE")
+register_ffn("gated_shared_moe", "hybridrt.models.gated_moe:GatedSharedMoE")
 
 
 def layer_kind(name: str) -> LayerKind:

@@ -228,3 +228,207 @@ BUILDERS = {
     "falcon_h1": make_falcon_h1,
     "lfm2_moe": make_lfm2_moe,
 }
+
+
+def make_qwen3_next(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Qwen3-Next: Gated DeltaNet (2 key heads serving 4 value heads) and gated attention (GQA,
+    rotary on a quarter of each head); a 4-expert top-2 MoE with a gated shared expert on every
+    layer but layer 2 (`mlp_only_layers`), which has a dense MLP."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=12,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=24,
+        shared_expert_intermediate_size=40,
+        decoder_sparse_step=1,
+        mlp_only_layers=[2],
+        max_position_embeddings=512,
+        initializer_range=0.1,  # at 0.2 transformers' own chunked and recurrent rules differ by 5e-4
+    )
+    kwargs.update(overrides)
+    return _save(Qwen3NextForCausalLM(Qwen3NextConfig(**kwargs)), directory)
+
+
+BUILDERS["qwen3_next"] = make_qwen3_next
+
+
+def make_qwen3_5(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Qwen3.5 text: Gated DeltaNet (2 key heads serving 4 value heads, split projections) and
+    gated attention (GQA, rotary on a quarter of each head), dense MLPs."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=12,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=512,
+        initializer_range=0.1,  # as Qwen3-Next's: far from the chunked rule's rounding
+    )
+    kwargs.update(overrides)
+    return _save(Qwen3_5ForCausalLM(Qwen3_5TextConfig(**kwargs)), directory)
+
+
+BUILDERS["qwen3_5"] = make_qwen3_5
+
+
+def make_qwen3_5_moe(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Qwen3.5 MoE text: Qwen3.5's layers, a 4-expert top-2 MoE with a gated shared expert on each."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=12,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=24,
+        shared_expert_intermediate_size=40,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+    )
+    kwargs.update(overrides)
+    return _save(Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**kwargs)), directory)
+
+
+BUILDERS["qwen3_5_moe"] = make_qwen3_5_moe
+
+
+def make_qwen3_5_vl(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Multimodal Qwen3.5 (model_type "qwen3_5"): the Qwen3.5 text model of `make_qwen3_5` (with
+    MRoPE sections, equal for text) beside a one-block vision tower that text never uses."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    text = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [1, 1, 0],
+            "mrope_interleaved": True,
+        },
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=12,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    vision = dict(
+        depth=1,
+        hidden_size=16,
+        intermediate_size=32,
+        num_heads=2,
+        out_hidden_size=32,
+        patch_size=4,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+    )
+    kwargs: dict[str, object] = dict(text_config=text, vision_config=vision, initializer_range=0.1)
+    kwargs.update(overrides)
+    return _save(Qwen3_5ForConditionalGeneration(Qwen3_5Config(**kwargs)), directory)
+
+
+BUILDERS["qwen3_5_vl"] = make_qwen3_5_vl
+
+
+def make_qwen3_5_moe_vl(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Multimodal Qwen3.5 MoE (model_type "qwen3_5_moe"): `make_qwen3_5_moe`'s text model (with
+    MRoPE sections) beside a one-block vision tower that text never uses."""
+    from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+
+    torch.manual_seed(seed)
+    text = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [1, 1, 0],
+            "mrope_interleaved": True,
+        },
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=12,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=24,
+        shared_expert_intermediate_size=40,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    vision = dict(
+        depth=1,
+        hidden_size=16,
+        intermediate_size=32,
+        num_heads=2,
+        out_hidden_size=32,
+        patch_size=4,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+    )
+    kwargs: dict[str, object] = dict(text_config=text, vision_config=vision, initializer_range=0.1)
+    kwargs.update(overrides)
+    return _save(Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(**kwargs)), directory)
+
+
+BUILDERS["qwen3_5_moe_vl"] = make_qwen3_5_moe_vl

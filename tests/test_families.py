@@ -252,6 +252,11 @@ def test_granite_released_layer_spelling(family_dirs: dict[str, Path], tmp_path_
         ("falcon_h1", "rope_parameters", {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0}),
         ("lfm2_moe", "layer_types", ["conv", "sliding_attention", "conv", "full_attention"]),
         ("lfm2_moe", "rope_parameters", {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
+        ("qwen3_next", "hidden_act", "gelu"),
+        ("qwen3_next", "layer_types", ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]),
+        ("qwen3_next", "linear_num_value_heads", 3),
+        ("qwen3_5", "rope_parameters", {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}),
+        ("qwen3_5", "linear_num_value_heads", 3),
     ],
 )
 def test_unsupported_variant_is_refused_by_field(  # type: ignore[no-untyped-def]

@@ -130,7 +130,9 @@ class Attention(nn.Module):
         super().__init__()
         d, hd = cfg.hidden_size, cfg.attn_head_dim
         self.h, self.h_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, hd
-        self.q_proj = nn.Linear(d, self.h * hd, bias=cfg.attention_bias)
+        # Gated attention (Qwen3-Next): q_proj yields [query (hd), gate (hd)] per head.
+        self.output_gate = cfg.attn_output_gate
+        self.q_proj = nn.Linear(d, self.h * hd * (2 if self.output_gate else 1), bias=cfg.attention_bias)
         self.k_proj = nn.Linear(d, self.h_kv * hd, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(d, self.h_kv * hd, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.h * hd, d, bias=cfg.attention_bias)
@@ -146,7 +148,12 @@ class Attention(nn.Module):
         b, l, _ = x.shape
         mask, cos, sin = ctx.bias, ctx.cos, ctx.sin
         assert mask is not None
-        q = self.q_proj(x).view(b, l, self.h, self.hd).transpose(1, 2)
+        gate = None
+        if self.output_gate:
+            q, gate = self.q_proj(x).view(b, l, self.h, 2 * self.hd).chunk(2, dim=-1)
+            q, gate = q.transpose(1, 2), gate.reshape(b, l, self.h * self.hd)
+        else:
+            q = self.q_proj(x).view(b, l, self.h, self.hd).transpose(1, 2)
         k = self.k_proj(x).view(b, l, self.h_kv, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(b, l, self.h_kv, self.hd).transpose(1, 2)
         if self.qk_norm:
@@ -164,6 +171,8 @@ class Attention(nn.Module):
         scores = scores.view(b, self.h_kv, rep, l, -1) + mask.unsqueeze(1)
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(b, self.h_kv, rep * l, -1)
         y = torch.matmul(probs, v).view(b, self.h, l, self.hd).transpose(1, 2).reshape(b, l, self.h * self.hd)
+        if gate is not None:
+            y = y * torch.sigmoid(gate)
         return self.o_proj(y), k, v
 
 

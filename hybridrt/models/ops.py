@@ -12,6 +12,11 @@ LibTorch and ExecuTorch load them without hybridrt.
 a scalar decay g per head; in ONNX it is one `LinearAttention` node with a decay of shape
 [b, l, H] (k = B, v = dt x, q = C, scale 1), whose state layout [b, H, n, P] is the
 transpose of the contract's [b, H, P, n].
+
+`gated_delta` is the Gated DeltaNet rule S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t -
+exp(g_t) S_{t-1}^T k_t)^T, o_t = S_t^T q_t (delta_scan.gated_delta_scan); in ONNX it is one
+`LinearAttention` node with update_rule "gated_delta" (q pre-scaled, scale 1), whose state
+layout [b, H, K, V] is the contract's.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 
 import torch
 
+from .delta_scan import gated_delta_scan as _gated_delta_reference
 from .scan import linear_scan
 from .scan import ssd_scan as _ssd_reference
 
@@ -121,6 +127,42 @@ def ssd_scan(
     return _ssd_reference(xdt, log_decay, B, C, h0, chunk, max_len)
 
 
+@torch.library.custom_op("hybridrt::gated_delta", mutates_args=())
+def _gated_delta_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    s0: torch.Tensor,
+    chunk: int,
+    max_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    o, s = _gated_delta_reference(q, k, v, g, beta, s0, chunk, max_len)
+    return o.contiguous(), s.contiguous()
+
+
+@_gated_delta_op.register_fake
+def _(q, k, v, g, beta, s0, chunk, max_len):  # type: ignore[no-untyped-def]
+    return torch.empty_like(v), torch.empty_like(s0)
+
+
+def gated_delta(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    s0: torch.Tensor,
+    chunk: int,
+    max_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k [b, l, H, K], v [b, l, H, V], g, beta [b, l, H], s0 [b, H, K, V] -> o [b, l, H, V], s [b, H, K, V]."""
+    if _FUSED:
+        return _gated_delta_op(q, k, v, g, beta, s0, chunk, max_len)
+    return _gated_delta_reference(q, k, v, g, beta, s0, chunk, max_len)
+
+
 def onnx_translations() -> dict[object, object]:
     """custom_translation_table entries for torch.onnx.export."""
     from onnx.defs import OpSchema
@@ -137,6 +179,7 @@ def onnx_translations() -> dict[object, object]:
             OpSchema.FormalParameter("value", T),
             OpSchema.FormalParameter("past_state", T),
             OpSchema.FormalParameter("decay", T),
+            OpSchema.FormalParameter("beta", T, param_option=OpSchema.FormalParameterOption.Optional),
         ],
         outputs=[OpSchema.FormalParameter("output", T), OpSchema.FormalParameter("present_state", T)],
         type_constraints=[(T, ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "")],
@@ -178,7 +221,25 @@ def onnx_translations() -> dict[object, object]:
         )
         return op.Reshape(y, op.Shape(xdt)), op.Transpose(state, perm=[0, 1, 3, 2])
 
+    def gated_delta_onnx(q, k, v, g, beta, s0, chunk, max_len):  # type: ignore[no-untyped-def]
+        H = v.shape[2]
+        packed = op.Constant(value_ints=[0, 0, -1])
+        y, state = linear_attention(
+            op.Reshape(q, packed),
+            op.Reshape(k, packed),
+            op.Reshape(v, packed),
+            s0,
+            g,
+            beta,
+            update_rule="gated_delta",
+            q_num_heads=H,
+            kv_num_heads=H,
+            scale=1.0,
+        )
+        return op.Reshape(y, op.Shape(v)), state
+
     return {
+        torch.ops.hybridrt.gated_delta.default: gated_delta_onnx,
         torch.ops.hybridrt.selective_scan.default: selective_scan_onnx,
         torch.ops.hybridrt.ssd_scan.default: ssd_scan_onnx,
     }

@@ -5,6 +5,7 @@ another, so what two families share lives here. Torch-free.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from ..config import HybridConfig
@@ -155,3 +156,90 @@ def mamba_model(model_type: str, hf: dict[str, Any], **changes: Any) -> HybridCo
         pad_token_id=hf.get("pad_token_id", 0),
     )
     return HybridConfig(**(fields | changes))
+
+
+# Qwen3-Next and Qwen3.5: Gated DeltaNet ("linear_attention") and gated attention
+# ("full_attention") layers, zero-centered RMSNorms (weight stored as w - 1).
+QWEN_GDN_KINDS = {"linear_attention": "gated_delta", "full_attention": "attention"}
+
+
+def qwen_gdn_fields(model_type: str, hf: dict[str, Any]) -> dict[str, Any]:
+    """The HybridConfig fields Qwen3-Next and Qwen3.5 share (all but the feed-forwards)."""
+    check_silu(model_type, hf)  # the conv activation and the MLPs read hidden_act
+    n = hf.get("num_hidden_layers", 48)
+    kinds = hf.get("layer_types")
+    if kinds is None:
+        interval = hf.get("full_attention_interval", 4)
+        kinds = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
+    for kind in kinds:
+        if kind not in QWEN_GDN_KINDS:
+            raise unsupported(model_type, "layer_types", kind, ", ".join(QWEN_GDN_KINDS))
+    k_heads, v_heads = hf.get("linear_num_key_heads", 16), hf.get("linear_num_value_heads", 32)
+    if v_heads % k_heads:
+        raise unsupported(model_type, "linear_num_value_heads", v_heads, "a multiple of linear_num_key_heads")
+    d, heads = hf.get("hidden_size", 2048), hf.get("num_attention_heads", 16)
+    params = hf.get("rope_parameters") or {}
+    partial = float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25)))
+    rope = rope_settings(model_type, hf, handled=("partial_rotary_factor", "mrope_section", "mrope_interleaved"))
+    return dict(
+        model_type=model_type,
+        vocab_size=hf.get("vocab_size", 151936),
+        hidden_size=d,
+        layer_types=tuple(QWEN_GDN_KINDS[k] for k in kinds),
+        num_attention_heads=heads,
+        num_key_value_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or d // heads,
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        tie_word_embeddings=hf.get("tie_word_embeddings", False),
+        max_position_embeddings=hf.get("max_position_embeddings", 32768),
+        attention_bias=hf.get("attention_bias", False),
+        qk_norm=True,
+        attn_output_gate=True,
+        rope_partial_factor=partial,
+        gdn_k_heads=k_heads,
+        gdn_v_heads=v_heads,
+        gdn_k_head_dim=hf.get("linear_key_head_dim", 128),
+        gdn_v_head_dim=hf.get("linear_value_head_dim", 128),
+        gdn_conv_kernel=hf.get("linear_conv_kernel_dim", 4),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_id=eos_ids(hf.get("eos_token_id")),
+        pad_token_id=hf.get("pad_token_id"),
+        **rope,
+    )
+
+
+QWEN_GDN_RENAMES = (
+    (r"\.(linear_attn|self_attn)\.", ".mixer."),
+    (r"\.input_layernorm\.", ".input_norm."),
+    (r"\.post_attention_layernorm\.", ".ffn_norm."),
+    (r"\.mlp\.gate\.weight$", ".ffn.router.weight"),
+    (r"\.mlp\.", ".ffn."),
+)
+QWEN_GDN_IGNORE = (r"rotary_emb\.inv_freq$", r"^mtp\.")
+
+
+def qwen_zero_centered(name: str, tensor: Any, cfg: HybridConfig) -> Any:
+    """Qwen3-Next's RMSNorms compute norm(x) * (1 + w): stored w becomes w + 1 (the gated norm
+    inside the Gated DeltaNet mixer is an ordinary one)."""
+    if re.search(r"(\.(input_norm|ffn_norm|q_norm|k_norm)|^model\.norm)\.weight$", name):
+        return tensor.float() + 1.0  # in float32, as transformers computes 1 + w
+    return tensor
+
+
+def qwen_text_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config of a multimodal Qwen3.5 checkpoint (`text_config`), with the
+    top-level settings that apply to it (tied embeddings, special tokens when the text config
+    lacks them)."""
+    text = dict(hf.get("text_config") or {})
+    if "tie_word_embeddings" in hf:
+        text["tie_word_embeddings"] = hf["tie_word_embeddings"]
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if text.get(key) is None and hf.get(key) is not None:
+            text[key] = hf[key]
+    return text
+
+
+# A multimodal Qwen3.5 checkpoint: the language model under `model.language_model.`, the vision
+# tower under `model.visual.` (not needed for text).
+QWEN_MULTIMODAL_RENAMES = ((r"^model\.language_model\.", "model."),) + QWEN_GDN_RENAMES
+QWEN_MULTIMODAL_IGNORE = QWEN_GDN_IGNORE + (r"^model\.visual\.",)

@@ -1,0 +1,62 @@
+"""Qwen3.5 MoE text model (`Qwen3_5MoeForCausalLM`, model_type "qwen3_5_moe_text"): Qwen3.5's
+Gated DeltaNet (split projections) and gated attention layers, each followed by Qwen3-Next's
+sparse MoE block (top-k softmax router, always renormalized, beside a gated shared expert).
+RMSNorms are zero-centered (w + 1 at load). The multimodal checkpoint ("qwen3_5_moe",
+`Qwen3_5MoeForConditionalGeneration`) is read as its language model for text, as Qwen3.5's is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...config import HybridConfig
+from ..registry import Family, register
+from ..translate import (
+    QWEN_GDN_IGNORE,
+    QWEN_GDN_RENAMES,
+    QWEN_MULTIMODAL_IGNORE,
+    QWEN_MULTIMODAL_RENAMES,
+    qwen_gdn_fields,
+    qwen_text_config,
+    qwen_zero_centered,
+)
+
+
+def translate(hf: dict[str, Any], model_type: str = "qwen3_5_moe_text") -> HybridConfig:
+    fields = qwen_gdn_fields(model_type, hf)
+    n = len(fields["layer_types"])
+    return HybridConfig(
+        ffn_types=("gated_shared_moe",) * n,
+        moe_intermediate_size=hf.get("moe_intermediate_size", 512),
+        shared_intermediate_size=hf.get("shared_expert_intermediate_size", 512),
+        num_experts=hf.get("num_experts", 512),
+        num_experts_per_tok=hf.get("num_experts_per_tok", 10),
+        moe_renormalize=True,
+        gdn_split_proj=True,
+        **fields,
+    )
+
+
+FAMILY = register(
+    Family(
+        model_type="qwen3_5_moe_text",
+        translate=translate,
+        renames=((r"^model\.language_model\.", "model."),) + QWEN_GDN_RENAMES,
+        ignore=QWEN_GDN_IGNORE,
+        convert=qwen_zero_centered,
+    )
+)
+
+
+def translate_multimodal(hf: dict[str, Any]) -> HybridConfig:
+    return translate(qwen_text_config(hf), "qwen3_5_moe")
+
+
+MULTIMODAL = register(
+    Family(
+        model_type="qwen3_5_moe",
+        translate=translate_multimodal,
+        renames=QWEN_MULTIMODAL_RENAMES,
+        ignore=QWEN_MULTIMODAL_IGNORE,
+        convert=qwen_zero_centered,
+    )
+)
