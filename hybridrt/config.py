@@ -68,6 +68,10 @@ class HybridConfig:
     mamba2_groups: int = 1
     mamba2_conv_bias: bool = True
     mamba2_proj_bias: bool = False
+    # Mamba2 as Zamba2 and Nemotron-H run it: dt clamped below at `time_step_min` (0 = no
+    # clamp) and the gated norm's own eps (None: rms_norm_eps).
+    mamba2_dt_min: float = 0.0
+    mamba2_norm_eps: float | None = None
     # Short causal conv (LFM2)
     conv_kernel: int = 3
     conv_bias: bool = False
@@ -82,6 +86,12 @@ class HybridConfig:
     num_experts: int = 1
     num_experts_per_tok: int = 1
     moe_renormalize: bool = False  # top-k weights rescaled to sum to 1 (Granite); Jamba keeps them
+    # Zamba2's shared transformer blocks (kind zamba2_hybrid): how many distinct blocks the
+    # hybrid layers use round-robin, the rank of the per-layer LoRA adapters on the shared
+    # MLP (and on q/k/v when zamba2_attention_adapter), and the MLP's bias.
+    zamba2_mem_blocks: int = 1
+    zamba2_adapter_rank: int = 0
+    zamba2_attention_adapter: bool = False
     # Special tokens
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()

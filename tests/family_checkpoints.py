@@ -146,6 +146,74 @@ def make_falcon_mamba(directory: Path, seed: int = 0, **overrides: object) -> Pa
     return _save(FalconMambaForCausalLM(FalconMambaConfig(**kwargs)), directory)
 
 
+def make_nemotron_h(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Nemotron-H: Mamba2, attention without positions and squared-ReLU MLP layers, one norm
+    and one op per layer."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=48,
+        layers_block_type=["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "mlp"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        mamba_num_heads=8,
+        mamba_head_dim=8,
+        n_groups=2,
+        ssm_state_size=8,
+        conv_kernel=4,
+        chunk_size=32,
+        layer_norm_epsilon=1e-5,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+    )
+    kwargs.update(overrides)
+    return _save(NemotronHForCausalLM(NemotronHConfig(**kwargs)), directory)
+
+
+def make_zamba2(directory: Path, seed: int = 0, dt_bias: float | None = 1.0, **overrides: object) -> Path:
+    """Zamba2: Mamba2 layers and three hybrid layers over two shared transformer blocks (the
+    first and third hybrid layers share one), LoRA adapters on q/k/v and the MLP, RoPE.
+
+    dt_bias: its value before the noise `_save` adds, as the other Mamba2 families' tiny
+    models have it (transformers' Zamba2 init draws dt in [time_step_min, time_step_max]:
+    with random projections, dt then often falls under the time_step_min clamp, and the
+    decay gets far more sensitive to int8 weights than any trained model's); None keeps
+    that init (tests/test_family_zamba2.py checks the clamp with it)."""
+    from transformers import Zamba2Config, Zamba2ForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=5,
+        layers_block_type=["mamba", "hybrid", "hybrid", "mamba", "hybrid"],
+        num_attention_heads=4,
+        num_mem_blocks=2,
+        use_shared_attention_adapter=True,
+        adapter_rank=4,
+        use_mem_rope=True,
+        n_mamba_heads=8,
+        mamba_ngroups=2,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        chunk_size=32,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+    )
+    kwargs.update(overrides)
+    model = Zamba2ForCausalLM(Zamba2Config(**kwargs))
+    if dt_bias is not None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("dt_bias"):
+                    p.fill_(dt_bias)
+    return _save(model, directory)
+
+
 BUILDERS = {
     "jamba": make_jamba,
     "llama": make_llama,
@@ -155,4 +223,6 @@ BUILDERS = {
     "lfm2": make_lfm2,
     "mamba": make_mamba,
     "falcon_mamba": make_falcon_mamba,
+    "nemotron_h": make_nemotron_h,
+    "zamba2": make_zamba2,
 }

@@ -46,7 +46,7 @@ def feeds(
 def example_inputs(model: HybridForCausalLM, seq: int = EXAMPLE_SEQ) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     b, l, p = EXAMPLE_BATCH, seq, EXAMPLE_PAST
-    has_kv = "attention" in model.config.layer_types
+    has_kv = model.config.has_attention
     p = p if has_kv else 0
     ids = torch.randint(0, model.config.vocab_size, (b, l), generator=g)
     mask = torch.ones(b, p + l, dtype=torch.long)
