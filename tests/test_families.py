@@ -245,6 +245,12 @@ def test_granite_released_layer_spelling(family_dirs: dict[str, Path], tmp_path_
         ("granitemoehybrid", "position_embedding_type", "alibi"),
         ("lfm2", "layer_types", ["conv", "sliding_attention", "conv", "full_attention"]),
         ("mamba", "hidden_act", "gelu"),
+        ("nemotron_h", "layers_block_type", ["linear_attention", "moe", "full_attention", "mlp"]),
+        ("nemotron_h", "mlp_hidden_act", "silu"),
+        ("nemotron_h", "mamba_hidden_act", "gelu"),
+        ("zamba2", "layers_block_type", ["mamba", "hybrid", "attention", "mamba", "hybrid"]),
+        ("zamba2", "hidden_act", "gelu_pytorch_tanh"),
+        ("zamba2", "num_key_value_heads", 2),
     ],
 )
 def test_unsupported_variant_is_refused_by_field(  # type: ignore[no-untyped-def]

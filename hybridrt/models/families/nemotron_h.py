@@ -63,7 +63,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         intermediate_size=hf.get("intermediate_size", 21504),
         num_attention_heads=heads,
         num_key_value_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or d // heads,
+        head_dim=hf.get("head_dim", 128),  # transformers: 128 when the config has none
         rms_norm_eps=eps,
         tie_word_embeddings=hf.get("tie_word_embeddings", False),
         max_position_embeddings=hf.get("max_position_embeddings", 4096) if has_attention else SSM_MAX_LENGTH,
