@@ -86,6 +86,15 @@ class HybridConfig:
     num_experts: int = 1
     num_experts_per_tok: int = 1
     moe_renormalize: bool = False  # top-k weights rescaled to sum to 1 (Granite); Jamba keeps them
+    # Nemotron-H MoE (ffn kind nemotron_moe): a DeepSeek-V3 style router (sigmoid scores, a
+    # score-correction bias for the choice, group-limited top-k, scaled weights) over
+    # squared-ReLU experts of moe_intermediate_size, an optional latent projection around
+    # them (0 = none) and a shared expert of shared_intermediate_size.
+    moe_intermediate_size: int = 0
+    moe_groups: int = 1
+    moe_topk_groups: int = 1
+    moe_routed_scaling: float = 1.0
+    moe_latent_size: int = 0
     # Zamba2's shared transformer blocks (kind zamba2_hybrid): how many distinct blocks the
     # hybrid layers use round-robin, the rank of the per-layer LoRA adapters on the shared
     # MLP (and on q/k/v when zamba2_attention_adapter), and the MLP's bias.

@@ -137,6 +137,8 @@ register_kind(
 )
 # Nemotron-H's MLP layer: down(relu(up(x))^2), no gate.
 register_ffn("relu2_mlp", "hybridrt.models.relu2_mlp:Relu2MLP")
+# Nemotron-H's MoE layer: sigmoid group-limited router, squared-ReLU experts, shared expert.
+register_ffn("nemotron_moe", "hybridrt.models.relu2_mlp:NemotronMoE")
 
 
 def layer_kind(name: str) -> LayerKind:

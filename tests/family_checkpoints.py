@@ -147,15 +147,23 @@ def make_falcon_mamba(directory: Path, seed: int = 0, **overrides: object) -> Pa
 
 
 def make_nemotron_h(directory: Path, seed: int = 0, **overrides: object) -> Path:
-    """Nemotron-H: Mamba2, attention without positions and squared-ReLU MLP layers, one norm
-    and one op per layer."""
+    """Nemotron-H: Mamba2, attention without positions, squared-ReLU MLP and MoE layers (8
+    experts in 2 groups, top-2 within the best group, scaled weights, a shared expert), one
+    norm and one op per layer."""
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
     torch.manual_seed(seed)
     kwargs = COMMON | dict(
         hidden_size=32,
         intermediate_size=48,
-        layers_block_type=["linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "mlp"],
+        layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"],
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=24,
+        moe_shared_expert_intermediate_size=40,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=1.5,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=8,
@@ -170,7 +178,12 @@ def make_nemotron_h(directory: Path, seed: int = 0, **overrides: object) -> Path
         initializer_range=0.2,
     )
     kwargs.update(overrides)
-    return _save(NemotronHForCausalLM(NemotronHConfig(**kwargs)), directory)
+    model = NemotronHForCausalLM(NemotronHConfig(**kwargs))
+    with torch.no_grad():  # the choice bias away from zero, so a wrong mapping shows
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.05)
+    return _save(model, directory)
 
 
 def make_zamba2(directory: Path, seed: int = 0, dt_bias: float | None = 1.0, **overrides: object) -> Path:

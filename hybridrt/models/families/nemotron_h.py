@@ -1,7 +1,7 @@
 """Nemotron-H (`NemotronHForCausalLM`): one norm and one op per layer, x + op(norm(x)), the op
 chosen by `layers_block_type` (or the released `hybrid_override_pattern`: "M" Mamba2, "*"
-attention without positions, "-" squared-ReLU MLP, "E" MoE). Mamba2 and attention layers
-are mixers with no feed-forward; MLP layers are a feed-forward with no mixer, so the one
+attention without positions, "-" squared-ReLU MLP, "E" MoE of squared-ReLU experts). Mamba2 and attention layers
+are mixers with no feed-forward; MLP and MoE layers are a feed-forward with no mixer, so the one
 checkpoint norm `backbone.layers.{i}.norm` maps to input_norm or ffn_norm by the layer's kind.
 
 The Mamba2 mixer clamps dt below at `time_step_min` (transformers ignores `time_step_limit`
@@ -23,6 +23,7 @@ KINDS = {
     "full_attention": ("attention", "none"),
     "attention": ("attention", "none"),
     "mlp": ("none", "relu2_mlp"),
+    "moe": ("none", "nemotron_moe"),
 }
 PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
@@ -35,16 +36,15 @@ def _blocks(hf: dict[str, Any]) -> tuple[str, list[str]]:
         return "layers_block_type", ["linear_attention", "moe", "full_attention", "mlp"]
     for ch in pattern:
         if ch not in PATTERN:
-            raise unsupported("nemotron_h", "hybrid_override_pattern", pattern, "M, *, -")
+            raise unsupported("nemotron_h", "hybrid_override_pattern", pattern, "M, *, -, E")
     return "hybrid_override_pattern", [PATTERN[ch] for ch in pattern]
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:
     field, blocks = _blocks(hf)
     for block in blocks:
-        if block not in KINDS:  # "moe": a DeepSeek-V3 style grouped sigmoid router, not supported
-            value = hf.get(field)
-            raise unsupported("nemotron_h", field, value, "mamba/linear_attention, attention/full_attention, mlp")
+        if block not in KINDS:
+            raise unsupported("nemotron_h", field, hf.get(field), ", ".join(KINDS))
     if hf.get("mamba_hidden_act", "silu") != "silu":
         raise unsupported("nemotron_h", "mamba_hidden_act", hf["mamba_hidden_act"], "silu")
     if hf.get("mlp_hidden_act", "relu2") != "relu2":
@@ -54,6 +54,10 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     mamba_heads, mamba_head_dim = hf.get("mamba_num_heads", 128), hf.get("mamba_head_dim", 64)
     eps = hf.get("layer_norm_epsilon", 1e-5)
     has_attention = any(KINDS[b][0] == "attention" for b in blocks)
+    experts, groups = hf.get("n_routed_experts", 8), hf.get("n_group", 1)
+    topk_groups = hf.get("topk_group", 1)
+    if "moe" in blocks and (experts % groups or (topk_groups < groups and experts // groups < 2)):
+        raise unsupported("nemotron_h", "n_group", groups, "a divisor of n_routed_experts, groups of 2 or more")
     return HybridConfig(
         model_type="nemotron_h",
         vocab_size=hf.get("vocab_size", 131072),
@@ -69,6 +73,15 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         max_position_embeddings=hf.get("max_position_embeddings", 4096) if has_attention else SSM_MAX_LENGTH,
         attention_bias=False,  # transformers builds the projections without bias whatever the config says
         mlp_bias=hf.get("mlp_bias", False),
+        num_experts=experts,
+        num_experts_per_tok=hf.get("num_experts_per_tok", 2),
+        moe_renormalize=hf.get("norm_topk_prob", True),
+        moe_intermediate_size=hf.get("moe_intermediate_size", 7688),
+        shared_intermediate_size=hf.get("moe_shared_expert_intermediate_size", 7688),
+        moe_groups=groups,
+        moe_topk_groups=topk_groups,
+        moe_routed_scaling=float(hf.get("routed_scaling_factor", 1.0)),
+        moe_latent_size=hf.get("moe_latent_size") or 0,
         rope_theta=None,
         mamba_d_state=hf.get("ssm_state_size", 128),
         mamba_d_conv=hf.get("conv_kernel", hf.get("mamba_d_conv", 4)),
@@ -94,11 +107,16 @@ def rename_layer(name: str, cfg: HybridConfig) -> str:
     if m is None:
         return name
     i, part = int(m.group(1)), m.group(2)
+    rest = name[m.end() :]
     if cfg.layer_types[i] == "none":
         part = "ffn_norm" if part == "norm" else "ffn"
+        if rest.startswith("gate."):  # the MoE router
+            rest = "router." + rest[len("gate.") :]
+        elif rest.startswith("experts."):  # per-expert tensors, kept apart from the gated-MoE stacking
+            rest = "routed_experts." + rest[len("experts.") :]
     elif part == "norm":
         part = "input_norm"
-    return f"model.layers.{i}.{part}." + name[m.end() :]
+    return f"model.layers.{i}.{part}." + rest
 
 
 FAMILY = register(
