@@ -32,6 +32,10 @@ class _Router(nn.Module):
         self.weight = nn.Parameter(torch.zeros(experts, d))
         self.register_buffer("e_score_correction_bias", torch.zeros(experts))
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [b, l, d] -> sigmoid scores [b, l, E] in float32 (its nodes stay float: */ffn/router/*)."""
+        return torch.sigmoid(torch.matmul(x.float(), self.weight.float().t()))
+
 
 class NemotronMoE(nn.Module):
     """Nemotron-H's MoE (transformers' `NemotronHMoE`, router as DeepSeek-V3's). x [b, l, d] -> [b, l, d].
@@ -62,7 +66,7 @@ class NemotronMoE(nn.Module):
 
     def _weights(self, x: torch.Tensor) -> torch.Tensor:
         """x [b, l, d] -> routing weights [b, l, E], zero for unselected experts."""
-        scores = torch.sigmoid(torch.matmul(x.float(), self.router.weight.float().t()))  # [b, l, E]
+        scores = self.router(x)  # [b, l, E]
         bias = self.router.e_score_correction_bias
         assert isinstance(bias, torch.Tensor)
         choice = scores + bias
