@@ -49,7 +49,8 @@ def test_dt_clamp_at_time_step_min(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "overrides",
     [
-        {"use_shared_attention_adapter": False, "use_mem_rope": False, "num_mem_blocks": 1},
+        {"use_shared_attention_adapter": False, "use_mem_rope": False, "num_mem_blocks": 1, "num_key_value_heads": 2},
+        {"num_mem_blocks": 4},
         {
             "num_mem_blocks": 3,
             "add_bias_linear": True,
@@ -58,7 +59,7 @@ def test_dt_clamp_at_time_step_min(tmp_path: Path) -> None:
             "layers_block_type": ["hybrid", "mamba", "hybrid", "hybrid"],
         },
     ],
-    ids=["one-block-no-adapter-nope", "three-blocks-bias-silu"],
+    ids=["one-block-gqa-no-adapter-nope", "more-blocks-than-hybrid-layers", "three-blocks-bias-silu"],
 )
 def test_variants_match_transformers(tmp_path: Path, overrides: dict[str, object]) -> None:
     ckpt = make_zamba2(tmp_path / "z", seed=1, **overrides)

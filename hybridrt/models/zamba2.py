@@ -76,9 +76,10 @@ class Zamba2Hybrid(nn.Module):
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()
         assert shared is not None, "zamba2_hybrid layers share their transformer blocks through model.shared"
-        if "blocks" not in shared:
-            shared["blocks"] = nn.ModuleList(SharedBlock(cfg) for _ in range(cfg.zamba2_mem_blocks))
-        index = sum(1 for k in cfg.layer_types[:layer] if k == KIND)  # this layer's rank among hybrids
+        if "blocks" not in shared:  # as many as the hybrid layers use (transformers builds no more)
+            used = min(cfg.zamba2_mem_blocks, cfg.layer_types.count(KIND))
+            shared["blocks"] = nn.ModuleList(SharedBlock(cfg) for _ in range(used))
+        index = cfg.layer_types[:layer].count(KIND)  # this layer's rank among the hybrid layers
         # A plain list, so the block's parameters keep their one name under model.shared.
         blocks = cast(nn.ModuleList, shared["blocks"])
         self._block: list[SharedBlock] = [cast(SharedBlock, blocks[index % cfg.zamba2_mem_blocks])]
