@@ -73,8 +73,8 @@ class Mamba2Mixer(nn.Module):
         xbc = F.silu(xbc).transpose(1, 2) * m  # [b, l, conv_dim]
         xs, B, C = torch.split(xbc, [self.d_inner, self.G * self.n, self.G * self.n], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # [b, l, H]
-        if self.dt_min > 0.0:
-            dt = dt.clamp(min=self.dt_min)
+        if self.dt_min > 0.0:  # Zamba2, Nemotron-H: transformers' chunked scan clamps at time_step_min
+            dt = dt.clamp(min=self.dt_min)  # (its one-token step does not; here both do, so decode == prefill)
         A = -torch.exp(self.A_log.float())  # [H]
         xs = xs.reshape(b, l, self.H, self.P)
         y, ssm_state = ssd_scan(
