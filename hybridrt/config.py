@@ -68,6 +68,10 @@ class HybridConfig:
     mamba2_groups: int = 1
     mamba2_conv_bias: bool = True
     mamba2_proj_bias: bool = False
+    # Mamba2 as Zamba2 and Nemotron-H run it: dt clamped below at `time_step_min` (0 = no
+    # clamp) and the gated norm's own eps (None: rms_norm_eps).
+    mamba2_dt_min: float = 0.0
+    mamba2_norm_eps: float | None = None
     # Short causal conv (LFM2)
     conv_kernel: int = 3
     conv_bias: bool = False
@@ -106,6 +110,19 @@ class HybridConfig:
     gdn_split_proj: bool = False  # Qwen3.5: in_proj_qkv/z/b/a; else Qwen3-Next's interleaved qkvz/ba
     # Gated attention (Qwen3-Next, Qwen3.5): q_proj also yields a per-head gate, y * sigmoid(gate).
     attn_output_gate: bool = False
+    # Nemotron-H MoE (ffn kind nemotron_moe): a DeepSeek-V3 style router (sigmoid scores, a
+    # score-correction bias for the choice, group-limited top-k, weights scaled by
+    # moe_routed_scaling) over squared-ReLU experts of moe_intermediate_size, an optional
+    # latent projection around them (0 = none) and a shared expert of shared_intermediate_size.
+    moe_groups: int = 1
+    moe_topk_groups: int = 1
+    moe_latent_size: int = 0
+    # Zamba2's shared transformer blocks (kind zamba2_hybrid): how many distinct blocks the
+    # hybrid layers use round-robin, the rank of the per-layer LoRA adapters on the shared
+    # MLP (and on q/k/v when zamba2_attention_adapter), and the MLP's bias.
+    zamba2_mem_blocks: int = 1
+    zamba2_adapter_rank: int = 0
+    zamba2_attention_adapter: bool = False
     # Special tokens
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()

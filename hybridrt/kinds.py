@@ -49,6 +49,9 @@ class LayerKind:
     attention: bool = False  # reads ctx.bias (additive causal/padding mask) and rotary cos/sin
     # (fnmatch pattern under /model/layers.{i}/, why) for nodes that stay float in every mode
     keep_float: tuple[tuple[str, str], ...] = ()
+    # False: the layer has no input_norm and the mixer takes the raw residual stream x
+    # (it norms inside, as Zamba2's hybrid layer must: it adds to x before its norm).
+    prenorm: bool = True
 
 
 def _kv(cfg: HybridConfig) -> tuple[Dim, ...]:
@@ -149,6 +152,23 @@ register_ffn("none", None)
 register_ffn("scaled_mlp", "hybridrt.models.parallel_hybrid:ScaledMLP")
 register_ffn("sigmoid_moe", "hybridrt.models.sigmoid_moe:SigmoidMoE")
 register_ffn("gated_shared_moe", "hybridrt.models.gated_moe:GatedSharedMoE")
+
+# Zamba2: a shared transformer block (attention over concat(x, embeddings), 2d wide, then an
+# MLP) whose output, projected, is added to x before the layer's Mamba2 norm and mixer.
+register_kind(
+    LayerKind(
+        "zamba2_hybrid",
+        "hybridrt.models.zamba2:Zamba2Hybrid",
+        (KEY, VALUE, MAMBA2_CONV, MAMBA2_SSM),
+        "Zamba2 hybrid layer: shared attention+MLP block (per-layer LoRA adapters) then Mamba2",
+        attention=True,
+        prenorm=False,
+    )
+)
+# Nemotron-H's MLP layer: down(relu(up(x))^2), no gate.
+register_ffn("relu2_mlp", "hybridrt.models.relu2_mlp:Relu2MLP")
+# Nemotron-H's MoE layer: sigmoid group-limited router, squared-ReLU experts, shared expert.
+register_ffn("nemotron_moe", "hybridrt.models.relu2_mlp:NemotronMoE")
 
 
 def layer_kind(name: str) -> LayerKind:

@@ -216,18 +216,85 @@ def make_lfm2_moe(directory: Path, seed: int = 0, **overrides: object) -> Path:
     return _save(model, directory)
 
 
-BUILDERS = {
-    "jamba": make_jamba,
-    "llama": make_llama,
-    "mamba2": make_mamba2,
-    "granitemoehybrid": make_granitemoehybrid,
-    "bamba": make_bamba,
-    "lfm2": make_lfm2,
-    "mamba": make_mamba,
-    "falcon_mamba": make_falcon_mamba,
-    "falcon_h1": make_falcon_h1,
-    "lfm2_moe": make_lfm2_moe,
-}
+def make_nemotron_h(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Nemotron-H: Mamba2, attention without positions, squared-ReLU MLP and MoE layers (8
+    experts in 2 groups, top-2 within the best group, scaled weights, a shared expert), one
+    norm and one op per layer."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=48,
+        layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"],
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=24,
+        moe_shared_expert_intermediate_size=40,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=1.5,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        mamba_num_heads=8,
+        mamba_head_dim=8,
+        n_groups=2,
+        ssm_state_size=8,
+        conv_kernel=4,
+        chunk_size=32,
+        layer_norm_epsilon=1e-5,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+    )
+    kwargs.update(overrides)
+    model = NemotronHForCausalLM(NemotronHConfig(**kwargs))
+    with torch.no_grad():  # the choice bias away from zero, so a wrong mapping shows
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.05)
+    return _save(model, directory)
+
+
+def make_zamba2(directory: Path, seed: int = 0, dt_bias: float | None = 1.0, **overrides: object) -> Path:
+    """Zamba2: Mamba2 layers and three hybrid layers over two shared transformer blocks (the
+    first and third hybrid layers share one), LoRA adapters on q/k/v and the MLP, RoPE.
+
+    dt_bias: its value before the noise `_save` adds, as the other Mamba2 families' tiny
+    models have it (transformers' Zamba2 init draws dt in [time_step_min, time_step_max]:
+    with random projections, dt then often falls under the time_step_min clamp, and the
+    decay gets far more sensitive to int8 weights than any trained model's); None keeps
+    that init (tests/test_family_zamba2.py checks the clamp with it)."""
+    from transformers import Zamba2Config, Zamba2ForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=5,
+        layers_block_type=["mamba", "hybrid", "hybrid", "mamba", "hybrid"],
+        num_attention_heads=4,
+        num_mem_blocks=2,
+        use_shared_attention_adapter=True,
+        adapter_rank=4,
+        use_mem_rope=True,
+        n_mamba_heads=8,
+        mamba_ngroups=2,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        chunk_size=32,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+    )
+    kwargs.update(overrides)
+    model = Zamba2ForCausalLM(Zamba2Config(**kwargs))
+    if dt_bias is not None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("dt_bias"):
+                    p.fill_(dt_bias)
+    return _save(model, directory)
 
 
 def make_qwen3_next(directory: Path, seed: int = 0, **overrides: object) -> Path:
@@ -264,9 +331,6 @@ def make_qwen3_next(directory: Path, seed: int = 0, **overrides: object) -> Path
     return _save(Qwen3NextForCausalLM(Qwen3NextConfig(**kwargs)), directory)
 
 
-BUILDERS["qwen3_next"] = make_qwen3_next
-
-
 def make_qwen3_5(directory: Path, seed: int = 0, **overrides: object) -> Path:
     """Qwen3.5 text: Gated DeltaNet (2 key heads serving 4 value heads, split projections) and
     gated attention (GQA, rotary on a quarter of each head), dense MLPs."""
@@ -292,9 +356,6 @@ def make_qwen3_5(directory: Path, seed: int = 0, **overrides: object) -> Path:
     )
     kwargs.update(overrides)
     return _save(Qwen3_5ForCausalLM(Qwen3_5TextConfig(**kwargs)), directory)
-
-
-BUILDERS["qwen3_5"] = make_qwen3_5
 
 
 def make_qwen3_5_moe(directory: Path, seed: int = 0, **overrides: object) -> Path:
@@ -324,9 +385,6 @@ def make_qwen3_5_moe(directory: Path, seed: int = 0, **overrides: object) -> Pat
     )
     kwargs.update(overrides)
     return _save(Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**kwargs)), directory)
-
-
-BUILDERS["qwen3_5_moe"] = make_qwen3_5_moe
 
 
 def make_qwen3_5_vl(directory: Path, seed: int = 0, **overrides: object) -> Path:
@@ -375,9 +433,6 @@ def make_qwen3_5_vl(directory: Path, seed: int = 0, **overrides: object) -> Path
     kwargs: dict[str, object] = dict(text_config=text, vision_config=vision, initializer_range=0.1)
     kwargs.update(overrides)
     return _save(Qwen3_5ForConditionalGeneration(Qwen3_5Config(**kwargs)), directory)
-
-
-BUILDERS["qwen3_5_vl"] = make_qwen3_5_vl
 
 
 def make_qwen3_5_moe_vl(directory: Path, seed: int = 0, **overrides: object) -> Path:
@@ -431,4 +486,22 @@ def make_qwen3_5_moe_vl(directory: Path, seed: int = 0, **overrides: object) -> 
     return _save(Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(**kwargs)), directory)
 
 
-BUILDERS["qwen3_5_moe_vl"] = make_qwen3_5_moe_vl
+BUILDERS = {
+    "jamba": make_jamba,
+    "llama": make_llama,
+    "mamba2": make_mamba2,
+    "granitemoehybrid": make_granitemoehybrid,
+    "bamba": make_bamba,
+    "lfm2": make_lfm2,
+    "mamba": make_mamba,
+    "falcon_mamba": make_falcon_mamba,
+    "falcon_h1": make_falcon_h1,
+    "lfm2_moe": make_lfm2_moe,
+    "qwen3_next": make_qwen3_next,
+    "qwen3_5": make_qwen3_5,
+    "qwen3_5_moe": make_qwen3_5_moe,
+    "qwen3_5_vl": make_qwen3_5_vl,
+    "qwen3_5_moe_vl": make_qwen3_5_moe_vl,
+    "nemotron_h": make_nemotron_h,
+    "zamba2": make_zamba2,
+}

@@ -257,6 +257,13 @@ def test_granite_released_layer_spelling(family_dirs: dict[str, Path], tmp_path_
         ("qwen3_next", "linear_num_value_heads", 3),
         ("qwen3_5", "rope_parameters", {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}),
         ("qwen3_5", "linear_num_value_heads", 3),
+        ("nemotron_h", "layers_block_type", ["linear_attention", "mamba2", "full_attention", "mlp"]),
+        ("nemotron_h", "n_group", 3),
+        ("nemotron_h", "mlp_hidden_act", "silu"),
+        ("nemotron_h", "mamba_hidden_act", "gelu"),
+        ("zamba2", "layers_block_type", ["mamba", "hybrid", "attention", "mamba", "hybrid"]),
+        ("zamba2", "hidden_act", "gelu_pytorch_tanh"),
+        ("zamba2", "num_key_value_heads", 2),
     ],
 )
 def test_unsupported_variant_is_refused_by_field(  # type: ignore[no-untyped-def]

@@ -52,7 +52,9 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.zeros(self.H))
         self.A_log = nn.Parameter(torch.zeros(self.H))
         self.D = nn.Parameter(torch.ones(self.H))
-        self.norm = GatedRMSNorm(di, di // self.G, cfg.rms_norm_eps)
+        eps = cfg.mamba2_norm_eps if cfg.mamba2_norm_eps is not None else cfg.rms_norm_eps
+        self.norm = GatedRMSNorm(di, di // self.G, eps)
+        self.dt_min = cfg.mamba2_dt_min
         self.out_proj = nn.Linear(di, d, bias=cfg.mamba2_proj_bias)
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
@@ -71,6 +73,8 @@ class Mamba2Mixer(nn.Module):
         xbc = F.silu(xbc).transpose(1, 2) * m  # [b, l, conv_dim]
         xs, B, C = torch.split(xbc, [self.d_inner, self.G * self.n, self.G * self.n], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # [b, l, H]
+        if self.dt_min > 0.0:  # Zamba2, Nemotron-H: transformers' chunked scan clamps at time_step_min
+            dt = dt.clamp(min=self.dt_min)  # (its one-token step does not; here both do, so decode == prefill)
         A = -torch.exp(self.A_log.float())  # [H]
         xs = xs.reshape(b, l, self.H, self.P)
         y, ssm_state = ssd_scan(

@@ -39,7 +39,8 @@ class Block(nn.Module):
         self.mixer: nn.Module | None = None
         self.input_norm: nn.Module | None = None
         if spec.module is not None:
-            self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            if spec.prenorm:
+                self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
             self.mixer = _resolve(spec.module)(cfg, layer, shared)
         self.ffn: nn.Module | None = None
         self.ffn_norm: nn.Module | None = None
@@ -102,8 +103,9 @@ class HybridForCausalLM(nn.Module):
         i = 0
         for layer in self.model.layers:
             block = cast(Block, layer)
-            if block.mixer is not None and block.input_norm is not None:
-                h, *present = block.mixer(block.input_norm(x), ctx, *states[i : i + block.n_states])
+            if block.mixer is not None:
+                hin = block.input_norm(x) if block.input_norm is not None else x
+                h, *present = block.mixer(hin, ctx, *states[i : i + block.n_states])
                 out += present
                 i += block.n_states
                 x = x + self._residual(h)
