@@ -77,6 +77,12 @@ def make_granitemoehybrid(directory: Path, seed: int = 0, **overrides: object) -
     return _save(GraniteMoeHybridForCausalLM(GraniteMoeHybridConfig(**kwargs)), directory)
 
 
+def make_granitemoehybrid_dense(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """Granite 4.0 H dense (the shared MLP alone) with no positions in its attention."""
+    kwargs: dict[str, object] = {"num_local_experts": 0, "position_embedding_type": None}
+    return make_granitemoehybrid(directory, seed, **(kwargs | overrides))
+
+
 def make_bamba(directory: Path, seed: int = 0, **overrides: object) -> Path:
     """Bamba: Mamba2 with attention at layers 1 and 3 (RoPE on half of each head)."""
     from transformers import BambaConfig, BambaForCausalLM
@@ -491,6 +497,7 @@ BUILDERS = {
     "llama": make_llama,
     "mamba2": make_mamba2,
     "granitemoehybrid": make_granitemoehybrid,
+    "granitemoehybrid_dense": make_granitemoehybrid_dense,
     "bamba": make_bamba,
     "lfm2": make_lfm2,
     "mamba": make_mamba,
