@@ -100,3 +100,17 @@ def test_a_long_step_says_it_is_still_running(capsys: pytest.CaptureFixture[str]
     err = capsys.readouterr().err
     assert "tracing (onnx)" in err and "... still tracing (onnx) (" in err
     assert "\r" not in err
+
+
+def test_server_exports_the_default_model_in_a_child_process(tmp_path: Path) -> None:
+    """`hybridrt serve default` on a first run exports in a child process: the server's own
+    process never imports torch, so its memory is the runtime's alone."""
+    code = (
+        "import sys; from hybridrt.commands.common import model_dir; d = model_dir('default', isolated=True); "
+        "print((d / 'hybridrt.json').is_file(), 'torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False"]

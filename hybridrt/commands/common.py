@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
 import sys
 import threading
 import time
@@ -53,19 +55,26 @@ class Ticker:
                 wait = running + min(running, 60.0)
 
 
-def model_dir(name: str) -> Path:
-    """An exported directory; "default" exports the shipped model on first use (needs torch)."""
+def model_dir(name: str, isolated: bool = False) -> Path:
+    """An exported directory; "default" exports the shipped model on first use (needs torch).
+
+    `isolated` exports in a child process, so that a long-running caller (the server) never
+    holds torch and the exporter's memory: its RSS stays that of the runtime alone."""
     if not default_model.is_default(name):
         return Path(name)
     try:
         return default_model.exported_dir()
     except GraphError as not_exported:
-        try:
-            import onnx  # noqa: F401
-            import torch  # noqa: F401
-        except ImportError:
+        if not all(importlib.util.find_spec(m) is not None for m in ("onnx", "torch")):
             # The runtime-only install cannot export; exported_dir's message says how.
             raise not_exported from None
+        if isolated:
+            code = "from hybridrt.commands.common import model_dir; model_dir('default')"
+            done = subprocess.run([sys.executable, "-c", code], check=False)
+            if done.returncode != 0:
+                status = done.returncode
+                raise GraphError(f"exporting the default model failed (exit status {status}); see above") from None
+            return default_model.exported_dir()
         with Ticker(prefix="default model: ") as say:
             directory, _ = default_model.ensure_exported(say)
         return directory

@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     from ..serve.server import build, serve
     from .common import model_dir
 
-    directory = model_dir(args.model)  # exports the default model first if needed, before serving
+    # Exports the default model first if needed, in a child process: the server never holds torch.
+    directory = model_dir(args.model, isolated=True)
     name = args.model_name or (DEFAULT_NAME if args.model == DEFAULT_NAME else Path(args.model).resolve().name)
     engine = EngineConfig(args.slots, args.chunk, args.max_queue, int(args.cache_mb * 2**20))
     config = ServeConfig(name, args.api_key, args.max_body_kb * 1024, args.timeout)
