@@ -7,7 +7,7 @@ Per repeat, fresh interpreters measure: `import hybridrt`; `import hybridrt.serv
 size checks, session creation, tokenizer load); cold start to the first token (a max_tokens=1
 completion) and to the full answer (max_tokens=N), with the model loaded at import (Lambda's
 init phase) and on the first call; and the warm latency of the next invocation. Prints the
-median of each, in milliseconds. "process" figures include interpreter start-up.
+median of each, in milliseconds; the cold figures start in the fresh interpreter (add its start-up).
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ def main() -> None:
         rows.setdefault(name, []).append(seconds * 1e3)
 
     for _ in range(args.repeats):
+        add("interpreter start-up and exit (python -c pass)", run("print(0)", env=base)[1])
         add("import hybridrt", float(run(IMPORT_HYBRIDRT, env=base)[0]))
         add("import hybridrt.serve.aws_lambda (no model)", float(run(IMPORT_LAMBDA, env=base)[0]))
         for name, s in json.loads(run(STAGES, env["HYBRIDRT_MODEL"], env=base)[0]).items():
@@ -123,12 +124,11 @@ def main() -> None:
             how = "load at import" if load == "1" else "load on first call"
             lenv = env | {"HYBRIDRT_LOAD_AT_IMPORT": load}
             for n, what in ((1, "first token"), (args.max_tokens, f"{args.max_tokens} tokens")):
-                out, wall = run(COLD, str(n), env=lenv)
+                out, _ = run(COLD, str(n), env=lenv)
                 t = json.loads(out)
                 add(f"{how}: import", t["import"])
                 add(f"{how}: first call ({what})", t["first call"])
                 add(f"{how}: cold to {what}", t["cold"])
-                add(f"{how}: cold to {what}, process", wall)
                 add(f"{how}: warm call ({what})", t["warm"])
     width = max(len(k) for k in rows)
     print(f"{'ms (median of ' + str(args.repeats) + ')':<{width}}  median    runs")

@@ -126,13 +126,13 @@ def dependencies() -> list[str]:
         return list(tomllib.load(f)["project"]["dependencies"])
 
 
-def pip(*args: str) -> None:
+def pip(*args: str, hint: str = "") -> None:
     cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-6:])
-        hint = ""
-        if any(w in tail for w in ("NewConnectionError", "Network is unreachable", "Could not find a version")):
+        offline = ("NewConnectionError", "Network is unreachable", "Could not find a version")
+        if not hint and any(w in tail for w in offline):
             hint = " (is PyPI reachable from this machine? the packaging step downloads the Lambda platform's wheels)"
         raise fail(f"`pip {' '.join(args[:2])} ...` failed{hint}:\n{tail}")
 
@@ -150,6 +150,12 @@ def install_dependencies(target: Path, python: str) -> None:
         "--implementation",
         "cp",
         *dependencies(),
+        hint=(
+            " (the python3.11 Lambda runtime is Amazon Linux 2, glibc 2.26: onnxruntime>=1.20 has only "
+            "manylinux_2_28 wheels; package for --python 3.12)"
+            if python == "3.11"
+            else ""
+        ),
     )
     for part in STRIP:
         shutil.rmtree(target / part, ignore_errors=True)
