@@ -289,3 +289,36 @@ def test_lambda_runs_runtime_only(jamba_onnx: Path) -> None:
     result = subprocess.run([sys.executable, "-c", RUNTIME_ONLY], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("ok")
+
+
+def test_package_layout(jamba_onnx: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """scripts/package_lambda.py's layout, with the PyPI download replaced by nothing."""
+    import importlib.util
+    import zipfile
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "package_lambda.py"
+    spec = importlib.util.spec_from_file_location("package_lambda", path)
+    assert spec is not None and spec.loader is not None
+    pkg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pkg)
+    installed: list[str] = []
+    monkeypatch.setattr(pkg, "install_dependencies", lambda target, python: installed.append(python))
+    monkeypatch.setattr(pkg, "compile_bytecode", lambda build, python, exe: None)
+    out = tmp_path / "out"
+    assert pkg.main([str(jamba_onnx), "-o", str(out)]) == 0
+    assert installed == ["3.12"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the temporary directory was renamed
+    names = set(zipfile.ZipFile(out / "lambda.zip").namelist())
+    assert "hybridrt/serve/aws_lambda.py" in names
+    assert {f"model/{p.name}" for p in jamba_onnx.iterdir()} <= names
+    assert not any("default-model" in n or "__pycache__" in n for n in names)
+    docker = (out / "Dockerfile").read_text()
+    assert "FROM public.ecr.aws/lambda/python:3.12" in docker
+    assert 'CMD ["hybridrt.serve.aws_lambda.handler"]' in docker
+    [wheel] = out.glob("hybridrt-*.whl")
+    assert wheel.name in docker
+    assert sorted(p.name for p in (out / "model").iterdir()) == sorted(p.name for p in jamba_onnx.iterdir())
+    sizes = json.loads((out / "sizes.json").read_text())
+    assert sizes["zip_bytes"] == (out / "lambda.zip").stat().st_size and sizes["under_lambda_limit"]
+    with pytest.raises(SystemExit, match="exists"):
+        pkg.main([str(jamba_onnx), "-o", str(out)])
