@@ -3,7 +3,7 @@
     python scripts/bench_lambda.py MODEL_DIR [--repeats 3] [--max-tokens 16] [--verify sha256|size|none]
 
 Per repeat, fresh interpreters measure: `import hybridrt`; `import hybridrt.serve.aws_lambda`
-(model not loaded); the load's stages (onnxruntime and tokenizers imports, manifest, sha256 and
+(model not loaded); the load's stages (numpy, onnxruntime and tokenizers imports, manifest, sha256 and
 size checks, session creation, tokenizer load); cold start to the first token (a max_tokens=1
 completion) and to the full answer (max_tokens=N), with the model loaded at import (Lambda's
 init phase) and on the first call; and the warm latency of the next invocation. Prints the
@@ -43,8 +43,10 @@ def mark(name, t0):
     out[name] = time.perf_counter() - t0
     return time.perf_counter()
 t = time.perf_counter()
+import numpy
+t = mark("import numpy", t)
 import onnxruntime as ort
-t = mark("import onnxruntime", t)
+t = mark("import onnxruntime (after numpy)", t)
 import tokenizers
 t = mark("import tokenizers", t)
 from hybridrt.graphs.manifest import read_manifest, verify_files
