@@ -37,13 +37,7 @@ class ChatTemplate:
     @classmethod
     def for_model(cls, directory: Path) -> ChatTemplate:
         """The template of directory/tokenizer_config.json, or the default."""
-        path = directory / "tokenizer_config.json"
-        config: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-        special = {k: _token(config.get(k)) for k in ("bos_token", "eos_token")}
-        template = config.get("chat_template")
-        if isinstance(template, list):  # named templates: take "default"
-            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
-        return cls(template if isinstance(template, str) else DEFAULT_CHAT_TEMPLATE, special)
+        return cls(*template_source(directory))
 
     def render(self, messages: list[dict[str, str]]) -> str:
         try:
@@ -52,6 +46,18 @@ class ChatTemplate:
             raise
         except Exception as e:
             raise ApiError(400, f"the chat template cannot render these messages ({e})", "messages") from None
+
+
+def template_source(directory: Path) -> tuple[str, dict[str, str]]:
+    """(template source, special tokens) of directory/tokenizer_config.json; the default
+    template where it has none. Needs no jinja2."""
+    path = directory / "tokenizer_config.json"
+    config: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+    special = {k: _token(config.get(k)) for k in ("bos_token", "eos_token")}
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: take "default"
+        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    return (template if isinstance(template, str) else DEFAULT_CHAT_TEMPLATE), special
 
 
 def _token(value: Any) -> str:
