@@ -49,8 +49,9 @@ from hybridrt.graphs.files import atomic_directory
 from hybridrt.models.checkpoint import load_model
 from hybridrt.models.config import HybridConfig
 from hybridrt.models.families.jamba import FAMILY, translate
-from hybridrt.models.mamba import MambaMixer, causal_conv
+from hybridrt.models.mamba import MambaMixer
 from hybridrt.models.model import HybridForCausalLM
+from hybridrt.models.ops import causal_conv
 from hybridrt.models.state import zero_states
 
 DEFAULT_OUT = Path(hybridrt.__file__).resolve().parent / "data" / "default-model"

@@ -78,6 +78,18 @@ def test_node_names_are_hierarchical(jamba_onnx: Path) -> None:
     assert any(n.startswith("/lm_head/") for n in names)
 
 
+def test_each_causal_conv_is_one_fused_node(jamba_onnx: Path) -> None:
+    """The Mamba convs (with their SiLU) run as onnxruntime's CausalConvWithState, one node per
+    Mamba layer, state in and out: no Concat/Conv/Slice left for them."""
+    nodes = onnx.load(str(jamba_onnx / "model.onnx")).graph.node
+    convs = [n for n in nodes if n.op_type == "CausalConvWithState"]
+    assert [n.name.split("/")[2] for n in convs] == ["layers.0", "layers.2"]
+    assert all(n.domain == "com.microsoft" for n in convs)
+    assert {a.s for n in convs for a in n.attribute if a.name == "activation"} == {b"silu"}
+    assert [n.input[3] for n in convs] == ["past.0.conv", "past.2.conv"]
+    assert not [n for n in nodes if n.op_type == "Conv"]
+
+
 def test_node_count_does_not_depend_on_trace_length(jamba_dir: Path, tmp_path: Path) -> None:
     """Nothing is unrolled over time: tracing at 5 or 37 tokens gives the same graph size."""
     from hybridrt.export.onnx_export import export_program, to_onnx

@@ -17,8 +17,7 @@ from torch import nn
 
 from ..config import HybridConfig
 from .context import MixerContext
-from .mamba import causal_conv
-from .ops import gated_delta
+from .ops import causal_conv, gated_delta
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -94,8 +93,8 @@ class GatedDeltaNet(nn.Module):
         bsz, l = x.shape[0], x.shape[1]
         m = ctx.mask.to(x.dtype)  # [b, l]; padding positions must leave the state untouched
         qkv, z, b, a = self._project(x * m.unsqueeze(-1))
-        qkv, conv_state = causal_conv(qkv.transpose(1, 2), conv_state, self.conv1d.weight, None)
-        qkv = F.silu(qkv).transpose(1, 2)  # [b, l, conv_dim]
+        qkv, conv_state = causal_conv(qkv.transpose(1, 2), conv_state, self.conv1d.weight, None, silu=True)
+        qkv = qkv.transpose(1, 2)  # [b, l, conv_dim]
         q, k, v = torch.split(qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = l2norm(q.reshape(bsz, l, self.Hk, self.K).float()) * self.K**-0.5
         k = l2norm(k.reshape(bsz, l, self.Hk, self.K).float())

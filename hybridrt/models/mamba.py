@@ -13,21 +13,7 @@ from torch import nn
 from ..config import HybridConfig
 from .context import MixerContext
 from .layers import RMSNorm
-from .ops import selective_scan
-
-
-def causal_conv(
-    x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Depthwise causal conv continuing from a state.
-
-    x [b, C, l], conv_state [b, C, k-1], weight [C, 1, k] -> (y [b, C, l], new state [b, C, k-1]).
-    """
-    k = weight.shape[-1]
-    xc = torch.cat([conv_state, x], dim=-1)  # [b, C, k-1+l]
-    new_state = xc[:, :, xc.shape[-1] - (k - 1) :]
-    y = F.conv1d(xc, weight, bias, groups=x.shape[1])
-    return y, new_state
+from .ops import causal_conv, selective_scan
 
 
 class WeightlessRMSNorm(nn.Module):
@@ -69,8 +55,8 @@ class MambaMixer(nn.Module):
         m = ctx.mask.unsqueeze(-1).to(x.dtype)  # padding positions must leave the state untouched
         xz = self.in_proj(x * m)
         xs, z = xz.chunk(2, dim=-1)  # [b, l, d_inner] each
-        xs, conv_state = causal_conv(xs.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias)
-        xs = F.silu(xs).transpose(1, 2) * m  # [b, l, d_inner]
+        xs, conv_state = causal_conv(xs.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias, silu=True)
+        xs = xs.transpose(1, 2) * m  # [b, l, d_inner]
         dt, B, C = torch.split(self.x_proj(xs), [self.r, self.n, self.n], dim=-1)
         if self.inner_norms:
             dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)

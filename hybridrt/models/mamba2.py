@@ -15,8 +15,7 @@ from torch import nn
 
 from ..config import HybridConfig
 from .context import MixerContext
-from .mamba import causal_conv
-from .ops import ssd_scan
+from .ops import causal_conv, ssd_scan
 
 
 class GatedRMSNorm(nn.Module):
@@ -69,8 +68,8 @@ class Mamba2Mixer(nn.Module):
         b, l = x.shape[0], x.shape[1]
         m = ctx.mask.unsqueeze(-1).to(x.dtype)  # padding positions must leave the state untouched
         z, xbc, dt = torch.split(self.in_proj(x * m), [self.d_inner, self.conv_dim, self.H], dim=-1)
-        xbc, conv_state = causal_conv(xbc.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias)
-        xbc = F.silu(xbc).transpose(1, 2) * m  # [b, l, conv_dim]
+        xbc, conv_state = causal_conv(xbc.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias, silu=True)
+        xbc = xbc.transpose(1, 2) * m  # [b, l, conv_dim]
         xs, B, C = torch.split(xbc, [self.d_inner, self.G * self.n, self.G * self.n], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # [b, l, H]
         if self.dt_min > 0.0:  # Zamba2, Nemotron-H: transformers' chunked scan clamps at time_step_min

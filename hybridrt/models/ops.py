@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from .delta_scan import gated_delta_scan as _gated_delta_reference
 from .scan import linear_scan
@@ -163,6 +164,49 @@ def gated_delta(
     return _gated_delta_reference(q, k, v, g, beta, s0, chunk, max_len)
 
 
+def _causal_conv_reference(
+    x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    k = weight.shape[-1]
+    xc = torch.cat([conv_state, x], dim=-1)  # [b, C, k-1+l]
+    new_state = xc[:, :, xc.shape[-1] - (k - 1) :]
+    y = F.conv1d(xc, weight, bias, groups=x.shape[1])
+    return (F.silu(y) if silu else y), new_state
+
+
+@torch.library.custom_op("hybridrt::causal_conv", mutates_args=())
+def _causal_conv_op(
+    x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, silu: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    y, state = _causal_conv_reference(x, conv_state, weight, bias, silu)
+    return y.contiguous(), state.contiguous()
+
+
+@_causal_conv_op.register_fake
+def _(x, conv_state, weight, bias, silu):  # type: ignore[no-untyped-def]
+    return torch.empty_like(x), torch.empty_like(conv_state)
+
+
+def causal_conv(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    silu: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv continuing from a state, then SiLU if `silu`.
+
+    x [b, C, l], conv_state [b, C, k-1] (the last k-1 inputs), weight [C, 1, k] ->
+    (y [b, C, l], new state [b, C, k-1]). In ONNX: one com.microsoft CausalConvWithState
+    node (activation fused) instead of Concat, Conv, Slice and the activation.
+    """
+    if _FUSED:
+        if bias is None:
+            bias = weight.new_zeros(weight.shape[0])
+        return _causal_conv_op(x, conv_state, weight, bias, silu)
+    return _causal_conv_reference(x, conv_state, weight, bias, silu)
+
+
 def onnx_translations() -> dict[object, object]:
     """custom_translation_table entries for torch.onnx.export."""
     from onnx.defs import OpSchema
@@ -238,7 +282,27 @@ def onnx_translations() -> dict[object, object]:
         )
         return op.Reshape(y, op.Shape(v)), state
 
+    conv_schema = OpSchema(
+        "CausalConvWithState",
+        "com.microsoft",
+        1,
+        inputs=[
+            OpSchema.FormalParameter("input", T),
+            OpSchema.FormalParameter("weight", T),
+            OpSchema.FormalParameter("bias", T),
+            OpSchema.FormalParameter("past_state", T),
+        ],
+        outputs=[OpSchema.FormalParameter("output", T), OpSchema.FormalParameter("present_state", T)],
+        type_constraints=[(T, ["tensor(float)"], "")],
+        attributes=[OpSchema.Attribute("activation", OpSchema.AttrType.STRING, "")],
+    )
+    conv_with_state = values.Op(values.Opset("com.microsoft", 1), "CausalConvWithState", conv_schema)
+
+    def causal_conv_onnx(x, conv_state, weight, bias, silu):  # type: ignore[no-untyped-def]
+        return conv_with_state(x, weight, bias, conv_state, activation="silu" if silu else "none")
+
     return {
+        torch.ops.hybridrt.causal_conv.default: causal_conv_onnx,
         torch.ops.hybridrt.gated_delta.default: gated_delta_onnx,
         torch.ops.hybridrt.selective_scan.default: selective_scan_onnx,
         torch.ops.hybridrt.ssd_scan.default: ssd_scan_onnx,

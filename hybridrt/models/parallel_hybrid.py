@@ -17,9 +17,8 @@ from torch import nn
 from ..config import HybridConfig
 from .context import MixerContext
 from .layers import MLP, Attention
-from .mamba import causal_conv
 from .mamba2 import Mamba2Mixer
-from .ops import ssd_scan
+from .ops import causal_conv, ssd_scan
 
 
 class GroupRMSNormThenGate(nn.Module):
@@ -72,8 +71,8 @@ class FalconH1Mamba(Mamba2Mixer):
         m = ctx.mask.unsqueeze(-1).to(x.dtype)  # padding positions must leave the state untouched
         zxbcdt = self.in_proj(x * m * self.in_multiplier) * self.mup
         z, xbc, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.H], dim=-1)
-        xbc, conv_state = causal_conv(xbc.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias)
-        xbc = F.silu(xbc).transpose(1, 2) * m  # [b, l, conv_dim]
+        xbc, conv_state = causal_conv(xbc.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias, silu=True)
+        xbc = xbc.transpose(1, 2) * m  # [b, l, conv_dim]
         xs, B, C = torch.split(xbc, [self.d_inner, self.G * self.n, self.G * self.n], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # [b, l, H]
         A = -torch.exp(self.A_log.float())  # [H]

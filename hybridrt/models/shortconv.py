@@ -11,7 +11,7 @@ from torch import nn
 
 from ..config import HybridConfig
 from .context import MixerContext
-from .mamba import causal_conv
+from .ops import causal_conv
 
 
 class ShortConv(nn.Module):
