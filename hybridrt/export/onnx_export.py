@@ -13,6 +13,7 @@ import logging
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
 import onnx
 import torch
@@ -49,7 +50,11 @@ def export_program(
         )
 
 
-def to_onnx(program: torch.export.ExportedProgram, module: GraphModule, path: Path) -> onnx.ModelProto:
+def to_onnx(
+    program: torch.export.ExportedProgram, module: GraphModule, path: Path, fuse_norms: bool = False
+) -> tuple[onnx.ModelProto, dict[str, Any] | None]:
+    """Write the program as ONNX at `path`; `fuse_norms` runs the RMSNorm fusion (fuse.py) and
+    returns what it did (None when it did not run)."""
     cfg = module.model.config
     ins, outs = input_specs(cfg), output_specs(cfg)
     with warnings.catch_warnings():
@@ -69,10 +74,31 @@ def to_onnx(program: torch.export.ExportedProgram, module: GraphModule, path: Pa
     _name_dims(model, {s.name: s.dims for s in ins + outs})
     _name_nodes(model)
     model.producer_name = "hybridrt"
+    fusion = None
+    if fuse_norms:
+        from .fuse import fuse_norms as fuse
+
+        fusion = fuse(model)
     n_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     save_onnx(model, path, external=n_bytes > EXTERNAL_DATA_THRESHOLD)
-    onnx.checker.check_model(str(path))
-    return model
+    _check(path)
+    return model, fusion
+
+
+def _check(path: Path) -> None:
+    """onnx's checker on the saved graph. SimplifiedLayerNormalization is an onnxruntime
+    operator in the default domain, which the checker rejects as unknown; it checks a copy of
+    the graph (weights left in their files) where those nodes sit in onnxruntime's domain."""
+    from .fuse import FUSED_NORM_OPS
+
+    graph = onnx.load(str(path), load_external_data=False)
+    if not any(n.op_type in FUSED_NORM_OPS and n.domain in ("", "ai.onnx") for n in graph.graph.node):
+        onnx.checker.check_model(str(path))
+        return
+    for node in graph.graph.node:
+        if node.op_type in FUSED_NORM_OPS:
+            node.domain = "com.microsoft"
+    onnx.checker.check_model(graph)
 
 
 def _name_dims(model: onnx.ModelProto, dims: dict[str, tuple[object, ...]]) -> None:
