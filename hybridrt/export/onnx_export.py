@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -81,16 +83,18 @@ def to_onnx(
         fusion = fuse(model)
     n_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     save_onnx(model, path, external=n_bytes > EXTERNAL_DATA_THRESHOLD)
-    _check(path)
+    check_graph(path)
     return model, fusion
 
 
-def _check(path: Path) -> None:
-    """onnx's checker on the saved graph. SimplifiedLayerNormalization is an onnxruntime
-    operator in the default domain, which the checker rejects as unknown; it checks a copy of
-    the graph (weights left in their files) where those nodes sit in onnxruntime's domain."""
+def check_graph(path: str | Path) -> None:
+    """onnx's checker on a saved graph. SimplifiedLayerNormalization is an onnxruntime
+    operator in the default domain, which the checker rejects as unknown: a graph with one is
+    checked as a copy (weights left in their files) where those nodes sit in onnxruntime's
+    domain."""
     from .fuse import FUSED_NORM_OPS
 
+    path = Path(path)
     graph = onnx.load(str(path), load_external_data=False)
     if not any(n.op_type in FUSED_NORM_OPS and n.domain in ("", "ai.onnx") for n in graph.graph.node):
         onnx.checker.check_model(str(path))
@@ -98,7 +102,17 @@ def _check(path: Path) -> None:
     for node in graph.graph.node:
         if node.op_type in FUSED_NORM_OPS:
             node.domain = "com.microsoft"
-    onnx.checker.check_model(graph)
+    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer):
+        onnx.checker.check_model(graph)
+        return
+    # External data paths are relative to the graph file: check the copy beside it.
+    fd, name = tempfile.mkstemp(suffix=".onnx", dir=path.parent)
+    os.close(fd)
+    try:
+        onnx.save_model(graph, name)
+        onnx.checker.check_model(name)
+    finally:
+        os.unlink(name)
 
 
 def _name_dims(model: onnx.ModelProto, dims: dict[str, tuple[object, ...]]) -> None:
