@@ -46,6 +46,7 @@ def export_model(
     force: bool = False,
     validate: bool = True,
     fused_ops: bool = True,
+    fuse_norms: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> Manifest:
     """Export a Hugging Face checkpoint directory (or "default", the shipped model) to a graph
@@ -54,11 +55,20 @@ def export_model(
     format: "onnx", "torchscript" or "pt2". force: replace an existing `out`. validate: check
     parity against PyTorch and refuse the export above tolerance. fused_ops: in ONNX, run each
     Mamba recurrence as one onnxruntime `com.microsoft` node; False keeps standard operators.
+    fuse_norms: with fused_ops, fuse each RMSNorm (and the residual Add before it) into
+    onnxruntime's SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization.
     progress: called with a line per stage.
     """
     from .default_model import checkpoint_dir
     from .export.api import export
 
     return export(
-        checkpoint_dir(src), out, format=format, force=force, validate=validate, fused_ops=fused_ops, progress=progress
+        checkpoint_dir(src),
+        out,
+        format=format,
+        force=force,
+        validate=validate,
+        fused_ops=fused_ops,
+        fuse_norms=fuse_norms,
+        progress=progress,
     )

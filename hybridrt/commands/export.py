@@ -22,6 +22,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="standard ONNX operators only (no onnxruntime com.microsoft fused ops), for other ONNX runtimes",
     )
+    p.add_argument(
+        "--no-fuse-norms",
+        action="store_true",
+        help="keep each RMSNorm as plain operators (by default they become onnxruntime's fused "
+        "SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
             force=args.force,
             validate=not args.no_validate,
             fused_ops=not args.plain_ops,
+            fuse_norms=not args.no_fuse_norms,
             progress=say,
         )
     print(describe(args.output, manifest))

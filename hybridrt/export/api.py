@@ -36,12 +36,15 @@ def export(
     force: bool = False,
     validate: bool = True,
     fused_ops: bool = True,
+    fuse_norms: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> Manifest:
     """Export a Hugging Face checkpoint directory to `out`; returns the manifest.
 
     fused_ops: in ONNX, run each Mamba recurrence as one onnxruntime `com.microsoft` node;
     False keeps standard ONNX operators only (a chunked scan), for other ONNX runtimes.
+    fuse_norms: with fused_ops, also fuse each RMSNorm (and the residual Add before it) into
+    onnxruntime's SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (export.fuse).
     """
     say = progress or (lambda msg: None)
     if format not in FORMATS:
@@ -55,7 +58,7 @@ def export(
     say(f"loading {src}")
     model, hf = load_model(src)
     with atomic_directory(out, ExportError) as tmp:
-        manifest = _write(model, hf, src, tmp, format, validate, say, fused_ops)
+        manifest = _write(model, hf, src, tmp, format, validate, say, fused_ops, fuse_norms)
         manifest.generation = generation
         manifest.provenance["export_seconds"] = round(time.perf_counter() - t0, 2)
         manifest.provenance["export_peak_rss_mb"] = round(_peak_rss_mb(), 1)
@@ -74,12 +77,14 @@ def _write(
     validate: bool,
     say: Callable[[str], None],
     fused_ops: bool = True,
+    fuse_norms: bool = True,
 ) -> Manifest:
     from . import validate as val
 
     module = GraphModule(model).eval()
     args = example_inputs(model)
     graph_path = tmp / GRAPH_FILES[format]
+    norm_fusion = None
     say(f"tracing ({format})")
     with torch.no_grad():
         if format == "torchscript":
@@ -100,10 +105,13 @@ def _write(
             else:
                 from .onnx_export import to_onnx
 
-                to_onnx(program, module, graph_path)
+                _, norm_fusion = to_onnx(program, module, graph_path, fuse_norms=fused_ops and fuse_norms)
     copy_tokenizer(src, tmp)
     manifest = _manifest(model, hf, src, format)
     manifest.provenance["fused_ops"] = format == "onnx" and fused_ops
+    if format == "onnx":
+        # False, or what export.fuse did: fused-op counts and the norms left unfused
+        manifest.provenance["fused_norms"] = norm_fusion or False
     if validate:
         say("checking parity against PyTorch")
         if format == "onnx":

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
+import tempfile
 import warnings
 from pathlib import Path
+from typing import Any
 
 import onnx
 import torch
@@ -49,7 +52,11 @@ def export_program(
         )
 
 
-def to_onnx(program: torch.export.ExportedProgram, module: GraphModule, path: Path) -> onnx.ModelProto:
+def to_onnx(
+    program: torch.export.ExportedProgram, module: GraphModule, path: Path, fuse_norms: bool = False
+) -> tuple[onnx.ModelProto, dict[str, Any] | None]:
+    """Write the program as ONNX at `path`; `fuse_norms` runs the RMSNorm fusion (fuse.py) and
+    returns what it did (None when it did not run)."""
     cfg = module.model.config
     ins, outs = input_specs(cfg), output_specs(cfg)
     with warnings.catch_warnings():
@@ -69,10 +76,43 @@ def to_onnx(program: torch.export.ExportedProgram, module: GraphModule, path: Pa
     _name_dims(model, {s.name: s.dims for s in ins + outs})
     _name_nodes(model)
     model.producer_name = "hybridrt"
+    fusion = None
+    if fuse_norms:
+        from .fuse import fuse_norms as fuse
+
+        fusion = fuse(model)
     n_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     save_onnx(model, path, external=n_bytes > EXTERNAL_DATA_THRESHOLD)
-    onnx.checker.check_model(str(path))
-    return model
+    check_graph(path)
+    return model, fusion
+
+
+def check_graph(path: str | Path) -> None:
+    """onnx's checker on a saved graph. SimplifiedLayerNormalization is an onnxruntime
+    operator in the default domain, which the checker rejects as unknown: a graph with one is
+    checked as a copy (weights left in their files) where those nodes sit in onnxruntime's
+    domain."""
+    from .fuse import FUSED_NORM_OPS
+
+    path = Path(path)
+    graph = onnx.load(str(path), load_external_data=False)
+    if not any(n.op_type in FUSED_NORM_OPS and n.domain in ("", "ai.onnx") for n in graph.graph.node):
+        onnx.checker.check_model(str(path))
+        return
+    for node in graph.graph.node:
+        if node.op_type in FUSED_NORM_OPS:
+            node.domain = "com.microsoft"
+    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer):
+        onnx.checker.check_model(graph)
+        return
+    # External data paths are relative to the graph file: check the copy beside it.
+    fd, name = tempfile.mkstemp(suffix=".onnx", dir=path.parent)
+    os.close(fd)
+    try:
+        onnx.save_model(graph, name)
+        onnx.checker.check_model(name)
+    finally:
+        os.unlink(name)
 
 
 def _name_dims(model: onnx.ModelProto, dims: dict[str, tuple[object, ...]]) -> None:
