@@ -71,8 +71,9 @@ def fuse_norms(model: onnx.ModelProto) -> dict[str, Any]:
 
 
 def _skip_fusion(onnx_model: Any) -> Any:
-    """The Skip pass with a shape-inference helper that knows com.microsoft LinearAttention
-    (onnxruntime's symbolic shape inference stops at it, and the pass then fuses nothing)."""
+    """The Skip pass with a shape-inference helper that knows com.microsoft LinearAttention and
+    CausalConvWithState (onnxruntime's symbolic shape inference stops at them, and the pass
+    then fuses nothing after them)."""
     from onnxruntime.transformers.fusion_simplified_layernorm import FusionSkipSimplifiedLayerNormalization
 
     helper = _shape_helper(onnx_model.model)
@@ -101,6 +102,7 @@ def _shape_helper(model: onnx.ModelProto) -> Any:
         def __init__(self) -> None:
             super().__init__(model)
             self.dispatcher_["LinearAttention"] = self._infer_linear_attention
+            self.dispatcher_["CausalConvWithState"] = self._infer_causal_conv
 
         def _infer_linear_attention(self, node: onnx.NodeProto) -> None:
             # output [b, t, q_heads * dv] with dv = value's last dim / kv_heads; present_state = past_state
@@ -110,6 +112,11 @@ def _shape_helper(model: onnx.ModelProto) -> Any:
             shape = [q[0], q[1], v[2] * heads // kv_heads]
             vi = self.known_vi_[node.output[0]]
             vi.CopyFrom(onnx.helper.make_tensor_value_info(node.output[0], dtype, get_shape_from_sympy_shape(shape)))
+            self._propagate_shape_and_type(node, 3, 1)
+
+        def _infer_causal_conv(self, node: onnx.NodeProto) -> None:
+            # output: the input's shape; present_state: past_state's shape
+            self._propagate_shape_and_type(node, 0, 0)
             self._propagate_shape_and_type(node, 3, 1)
 
     for dims in ({}, _CONCRETE_DIMS):
