@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ..config import HybridConfig
 from ..errors import UnsupportedArchitectureError
+from .registry import Family
 
 
 def unsupported(model_type: str, field: str, value: Any, supported: str) -> UnsupportedArchitectureError:
@@ -243,3 +245,53 @@ def qwen_text_config(hf: dict[str, Any]) -> dict[str, Any]:
 # tower under `model.visual.` (not needed for text).
 QWEN_MULTIMODAL_RENAMES = ((r"^model\.language_model\.", "model."),) + QWEN_GDN_RENAMES
 QWEN_MULTIMODAL_IGNORE = QWEN_GDN_IGNORE + (r"^model\.visual\.",)
+
+
+LFM2_LAYER_KINDS = {"conv": "conv", "full_attention": "attention"}
+LFM2_RENAMES = (
+    (r"^model\.embedding_norm\.", "model.norm."),
+    (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."),
+    (r"\.self_attn\.q_layernorm\.", ".self_attn.q_norm."),
+    (r"\.self_attn\.k_layernorm\.", ".self_attn.k_norm."),
+    (r"\.self_attn\.", ".mixer."),
+    (r"^model\.layers\.(\d+)\.conv\.", r"model.layers.\1.mixer."),
+    (r"\.operator_norm\.", ".input_norm."),
+    (r"\.feed_forward\.w1\.", ".ffn.gate_proj."),
+    (r"\.feed_forward\.w3\.", ".ffn.up_proj."),
+    (r"\.feed_forward\.w2\.", ".ffn.down_proj."),
+)
+
+
+def lfm2_fields(model_type: str, hf: dict[str, Any], heads: int) -> dict[str, Any]:
+    """The attention, conv, norm and token fields LFM2 and LFM2-MoE share."""
+    return {
+        "num_attention_heads": heads,
+        "num_key_value_heads": hf.get("num_key_value_heads") or heads,
+        "rms_norm_eps": hf.get("norm_eps", 1e-5),
+        "tie_word_embeddings": hf.get("tie_word_embeddings", hf.get("tie_embedding", True)),
+        "max_position_embeddings": hf.get("max_position_embeddings", 128000),
+        "qk_norm": True,
+        "conv_kernel": hf.get("conv_L_cache", 3),
+        "conv_bias": hf.get("conv_bias", False),
+        "bos_token_id": hf.get("bos_token_id", 1),
+        "eos_token_id": eos_ids(hf.get("eos_token_id", 2)),
+        "pad_token_id": hf.get("pad_token_id", 0),
+        **rope_settings(model_type, hf, default_theta=1000000.0),
+    }
+
+
+def qwen3_5_families(
+    text_type: str, multimodal_type: str, translate: Callable[[dict[str, Any], str], HybridConfig]
+) -> tuple[Family, Family]:
+    """A Qwen3.5 text checkpoint and its multimodal one, read as its language model (the
+    `text_config`, weights under `model.language_model.`, the vision tower left out)."""
+    common: dict[str, Any] = {"convert": qwen_zero_centered}
+    text = Family(text_type, lambda hf: translate(hf, text_type), QWEN_MULTIMODAL_RENAMES, QWEN_GDN_IGNORE, **common)
+    multimodal = Family(
+        multimodal_type,
+        lambda hf: translate(qwen_text_config(hf), multimodal_type),
+        QWEN_MULTIMODAL_RENAMES,
+        QWEN_MULTIMODAL_IGNORE,
+        **common,
+    )
+    return text, multimodal

@@ -9,15 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
-from ..registry import Family, register
+from ..registry import register
 from ..translate import (
-    QWEN_GDN_IGNORE,
-    QWEN_GDN_RENAMES,
-    QWEN_MULTIMODAL_IGNORE,
-    QWEN_MULTIMODAL_RENAMES,
+    qwen3_5_families,
     qwen_gdn_fields,
-    qwen_text_config,
-    qwen_zero_centered,
 )
 
 
@@ -36,27 +31,4 @@ def translate(hf: dict[str, Any], model_type: str = "qwen3_5_moe_text") -> Hybri
     )
 
 
-FAMILY = register(
-    Family(
-        model_type="qwen3_5_moe_text",
-        translate=translate,
-        renames=((r"^model\.language_model\.", "model."),) + QWEN_GDN_RENAMES,
-        ignore=QWEN_GDN_IGNORE,
-        convert=qwen_zero_centered,
-    )
-)
-
-
-def translate_multimodal(hf: dict[str, Any]) -> HybridConfig:
-    return translate(qwen_text_config(hf), "qwen3_5_moe")
-
-
-MULTIMODAL = register(
-    Family(
-        model_type="qwen3_5_moe",
-        translate=translate_multimodal,
-        renames=QWEN_MULTIMODAL_RENAMES,
-        ignore=QWEN_MULTIMODAL_IGNORE,
-        convert=qwen_zero_centered,
-    )
-)
+FAMILY, MULTIMODAL = (register(f) for f in qwen3_5_families("qwen3_5_moe_text", "qwen3_5_moe", translate))
