@@ -163,17 +163,26 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k = torch.cat([past_k, k], dim=2)
         v = torch.cat([past_v, v], dim=2)
-        # Grouped-query attention without copying K/V per query head: the query heads of
-        # one KV head are stacked along the query axis ([b, h_kv, rep*l, hd]).
-        rep = self.h // self.h_kv
-        qg = q.reshape(b, self.h_kv, rep * l, self.hd)
-        scores = torch.matmul(qg, k.transpose(2, 3)) * self.scale  # [b, h_kv, rep*l, p+l]
-        scores = scores.view(b, self.h_kv, rep, l, -1) + mask.unsqueeze(1)
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(b, self.h_kv, rep * l, -1)
-        y = torch.matmul(probs, v).view(b, self.h, l, self.hd).transpose(1, 2).reshape(b, l, self.h * self.hd)
+        y = grouped_attention(q, k, v, mask, self.scale)
         if gate is not None:
             y = y * torch.sigmoid(gate)
         return self.o_proj(y), k, v
+
+
+def grouped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Softmax attention of q [b, h, l, hd] over k, v [b, h_kv, p+l, hd] with an additive
+    bias [b, 1, l, p+l] -> [b, l, h hd]. No K/V copy per query head: the query heads of one
+    KV head are stacked along the query axis ([b, h_kv, rep*l, hd])."""
+    b, h, l, hd = q.shape
+    h_kv = k.shape[1]
+    rep = h // h_kv
+    qg = q.reshape(b, h_kv, rep * l, hd)
+    scores = torch.matmul(qg, k.transpose(2, 3)) * scale  # [b, h_kv, rep*l, p+l]
+    scores = scores.view(b, h_kv, rep, l, -1) + bias.unsqueeze(1)
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(b, h_kv, rep * l, -1)
+    return torch.matmul(probs, v).view(b, h, l, hd).transpose(1, 2).reshape(b, l, h * hd)
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

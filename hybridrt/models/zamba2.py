@@ -26,7 +26,7 @@ from torch import nn
 
 from ..config import HybridConfig
 from .context import MixerContext
-from .layers import RMSNorm, activation, apply_rope
+from .layers import RMSNorm, activation, apply_rope, grouped_attention
 from .mamba2 import Mamba2Mixer
 
 KIND = "zamba2_hybrid"
@@ -115,13 +115,7 @@ class Zamba2Hybrid(nn.Module):
         k = torch.cat([past_k, k], dim=2)
         v = torch.cat([past_v, v], dim=2)
         assert ctx.bias is not None
-        rep = self.h // self.h_kv  # query heads of one KV head stacked along the query axis
-        qg = q.reshape(b, self.h_kv, rep * l, self.hd)
-        scores = torch.matmul(qg, k.transpose(2, 3)) * self.scale  # [b, h_kv, rep*l, p+l]
-        scores = scores.view(b, self.h_kv, rep, l, -1) + ctx.bias.unsqueeze(1)
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(b, self.h_kv, rep * l, -1)
-        y = torch.matmul(probs, v).view(b, self.h, l, self.hd).transpose(1, 2).reshape(b, l, self.h * self.hd)
-        return proj.o_proj(y), k, v
+        return proj.o_proj(grouped_attention(q, k, v, ctx.bias, self.scale)), k, v
 
     def forward(
         self,
