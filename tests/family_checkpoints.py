@@ -4,6 +4,7 @@ family suite (tests/test_families.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from checkpoints import VOCAB, _randomize, make_jamba, make_llama, make_tokenizer
@@ -393,103 +394,73 @@ def make_qwen3_5_moe(directory: Path, seed: int = 0, **overrides: object) -> Pat
     return _save(Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**kwargs)), directory)
 
 
+# The text model of the multimodal Qwen3.5 checkpoints (MRoPE sections, equal for text) and
+# a one-block vision tower that text never uses.
+QWEN3_5_VL_TEXT: dict[str, object] = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=4,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [1, 1, 0],
+        "mrope_interleaved": True,
+    },
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=12,
+    linear_conv_kernel_dim=4,
+    max_position_embeddings=512,
+    initializer_range=0.1,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+QWEN3_5_VL_VISION: dict[str, object] = dict(
+    depth=1,
+    hidden_size=16,
+    intermediate_size=32,
+    num_heads=2,
+    out_hidden_size=32,
+    patch_size=4,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+)
+
+
+def _qwen3_5_vl(
+    directory: Path, seed: int, config: Any, model: Any, text: dict[str, object], overrides: dict[str, object]
+) -> Path:
+    torch.manual_seed(seed)
+    kwargs: dict[str, object] = dict(
+        text_config=QWEN3_5_VL_TEXT | text, vision_config=QWEN3_5_VL_VISION, initializer_range=0.1
+    )
+    kwargs.update(overrides)
+    return _save(model(config(**kwargs)), directory)
+
+
 def make_qwen3_5_vl(directory: Path, seed: int = 0, **overrides: object) -> Path:
-    """Multimodal Qwen3.5 (model_type "qwen3_5"): the Qwen3.5 text model of `make_qwen3_5` (with
-    MRoPE sections, equal for text) beside a one-block vision tower that text never uses."""
+    """Multimodal Qwen3.5 (model_type "qwen3_5"): the text model of `make_qwen3_5`."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-    torch.manual_seed(seed)
-    text = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=4,
-        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "partial_rotary_factor": 0.25,
-            "mrope_section": [1, 1, 0],
-            "mrope_interleaved": True,
-        },
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=8,
-        linear_value_head_dim=12,
-        linear_conv_kernel_dim=4,
-        max_position_embeddings=512,
-        initializer_range=0.1,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    vision = dict(
-        depth=1,
-        hidden_size=16,
-        intermediate_size=32,
-        num_heads=2,
-        out_hidden_size=32,
-        patch_size=4,
-        temporal_patch_size=2,
-        spatial_merge_size=2,
-    )
-    kwargs: dict[str, object] = dict(text_config=text, vision_config=vision, initializer_range=0.1)
-    kwargs.update(overrides)
-    return _save(Qwen3_5ForConditionalGeneration(Qwen3_5Config(**kwargs)), directory)
+    text: dict[str, object] = {"intermediate_size": 48}
+    return _qwen3_5_vl(directory, seed, Qwen3_5Config, Qwen3_5ForConditionalGeneration, text, overrides)
 
 
 def make_qwen3_5_moe_vl(directory: Path, seed: int = 0, **overrides: object) -> Path:
-    """Multimodal Qwen3.5 MoE (model_type "qwen3_5_moe"): `make_qwen3_5_moe`'s text model (with
-    MRoPE sections) beside a one-block vision tower that text never uses."""
+    """Multimodal Qwen3.5 MoE (model_type "qwen3_5_moe"): `make_qwen3_5_moe`'s text model."""
     from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
 
-    torch.manual_seed(seed)
-    text = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=4,
-        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "partial_rotary_factor": 0.25,
-            "mrope_section": [1, 1, 0],
-            "mrope_interleaved": True,
-        },
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=8,
-        linear_value_head_dim=12,
-        linear_conv_kernel_dim=4,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=24,
-        shared_expert_intermediate_size=40,
-        max_position_embeddings=512,
-        initializer_range=0.1,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
+    text: dict[str, object] = dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=40
     )
-    vision = dict(
-        depth=1,
-        hidden_size=16,
-        intermediate_size=32,
-        num_heads=2,
-        out_hidden_size=32,
-        patch_size=4,
-        temporal_patch_size=2,
-        spatial_merge_size=2,
-    )
-    kwargs: dict[str, object] = dict(text_config=text, vision_config=vision, initializer_range=0.1)
-    kwargs.update(overrides)
-    return _save(Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(**kwargs)), directory)
+    return _qwen3_5_vl(directory, seed, Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration, text, overrides)
 
 
 BUILDERS = {
