@@ -178,13 +178,12 @@ class HybridConfig:
 
     @property
     def has_attention(self) -> bool:
-        """Whether any layer reads the additive attention mask (a kind with `attention`)."""
+        """Whether any layer keeps KV (a kind with `attention`): the graph then takes past_lengths."""
         return any(LAYER_KINDS[k].attention for k in self.layer_types)
 
     @property
     def uses_positions(self) -> bool:
-        """Whether the model takes `position_ids`: rotary attention does, and the graph
-        contract declares the input from this one answer."""
+        """Whether attention rotates queries and keys by position (past_lengths + offset)."""
         return self.rope_theta is not None
 
     def to_dict(self) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any
 HybridConfig = Any
 
 Dim = str | int
-LENGTH = "length"  # the axis of a state that grows by one row per token (attention KV)
+CAPACITY = "capacity"  # the KV axis: a fixed-size buffer of this many positions, chosen by the runtime
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class StateDecl:
     """One state tensor of a layer: `past.{i}.{name}` in, `present.{i}.{name}` out.
 
     `dims` gives the per-sequence dims (after the batch axis) for a config; the string
-    LENGTH marks the axis that grows per token (the contract names it past_len/total_len)."""
+    CAPACITY marks the KV axis, whose size the runtime picks per buffer (positions a row can hold)."""
 
     name: str
     dims: Callable[[HybridConfig], tuple[Dim, ...]]
@@ -46,7 +46,7 @@ class LayerKind:
     module: str | None  # "package.module:Class"; None for a layer without a mixer
     states: tuple[StateDecl, ...]
     summary: str
-    attention: bool = False  # reads ctx.bias (additive causal/padding mask) and rotary cos/sin
+    attention: bool = False  # reads ctx.past_lengths (KV write position) and rotary cos/sin
     # (fnmatch pattern under /model/layers.{i}/, why) for nodes that stay float in every mode
     keep_float: tuple[tuple[str, str], ...] = ()
     # False: the layer has no input_norm and the mixer takes the raw residual stream x
@@ -55,7 +55,7 @@ class LayerKind:
 
 
 def _kv(cfg: HybridConfig) -> tuple[Dim, ...]:
-    return (cfg.num_key_value_heads, LENGTH, cfg.attn_head_dim)
+    return (cfg.num_key_value_heads, CAPACITY, cfg.attn_head_dim)
 
 
 KEY = StateDecl("key", _kv)

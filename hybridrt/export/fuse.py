@@ -29,7 +29,7 @@ import onnx
 FUSED_NORM_OPS = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
 # Distinct sizes for the graph's symbolic dims, used only if symbolic shape inference cannot
 # decide a comparison on its own (the Skip pass compares the residual Add's input shapes).
-_CONCRETE_DIMS = {"batch": 3, "seq": 7, "past_len": 11, "total_len": 18}
+_CONCRETE_DIMS = {"batch": 3, "seq": 7, "n_logits": 7, "capacity": 18}
 
 
 def fuse_norms(model: onnx.ModelProto) -> dict[str, Any]:

@@ -116,7 +116,7 @@ def check_graph(path: str | Path) -> None:
 
 
 def _name_dims(model: onnx.ModelProto, dims: dict[str, tuple[object, ...]]) -> None:
-    """Symbolic dims get the contract's names (batch, seq, past_len, total_len)."""
+    """Symbolic dims get the contract's names (batch, seq, n_logits, capacity)."""
     for value in list(model.graph.input) + list(model.graph.output):
         spec = dims[value.name]
         for dim, want in zip(value.type.tensor_type.shape.dim, spec):

@@ -1,19 +1,31 @@
 """The graph contract, declared once as data and read by export, runtime, quantization, tests.
 
-One graph serves prompt and decode. Inputs: `input_ids` int64 [batch, seq],
-`attention_mask` int64 [batch, past_len + seq] (1 = token, 0 = left padding),
-`position_ids` int64 [batch, seq] when the model uses rotary positions, then one `past.*`
-tensor per state. Outputs: `logits` float32 [batch, seq, vocab] for every position of the
-call, then one `present.*` per state, in the same order as the pasts.
+Schema version 2. One graph serves prompt and decode. Every row of a call feeds the same
+number of new tokens (no padding inside a call); rows may have seen different numbers of
+tokens before it.
+
+Inputs:
+  input_ids        int64 [batch, seq]       the new tokens
+  past_lengths     int64 [batch]            tokens each row's states have seen (only for
+                                            models with attention: the KV write position and
+                                            the rotary positions past_lengths + 0..seq-1)
+  logit_positions  int64 [n_logits]         which positions of the call get logits: [seq-1]
+                                            for generation, 0..seq-1 for evaluation
+  past.*           one tensor per state
+Outputs: `logits` float32 [batch, n_logits, vocab], then one `present.*` per state, in the
+order of the pasts.
 
 States by mixer kind (layer index i), as `hybridrt.kinds.LAYER_KINDS` declares them:
-  attention  past.{i}.key / past.{i}.value   [batch, kv_heads, past_len, head_dim]  grows per token
+  attention  past.{i}.key / past.{i}.value   [batch, kv_heads, capacity, head_dim]
+             a fixed-size buffer: the call writes positions past_lengths .. past_lengths+seq-1
+             and reads 0 .. past_lengths+seq-1; the runtime binds one buffer as past and present
   mamba      past.{i}.conv [batch, d_inner, d_conv-1], past.{i}.ssm [batch, d_inner, d_state]
   mamba2     past.{i}.conv [batch, conv_dim, d_conv-1], past.{i}.ssm [batch, heads, head_dim, d_state]
              (conv_dim = d_inner + 2 groups d_state: x, B and C share one conv)
   conv       past.{i}.conv [batch, hidden, conv_kernel-1]  (LFM2's short conv)
   (docs/adding-an-architecture.md lists every kind.)
-A fresh sequence starts from zeros and a past of length 0.
+A fresh sequence starts from zeros and past_lengths 0; `capacity` is the runtime's choice
+(at least the tokens a row will hold, at most the model's max length).
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..config import HybridConfig
-from ..kinds import LENGTH, layer_kind
+from ..kinds import CAPACITY, layer_kind
 
 Dim = str | int
 
@@ -38,9 +50,13 @@ class TensorSpec:
     layer: int | None = None
 
     @property
-    def grows(self) -> bool:
-        """KV tensors grow by one row per token; SSM and conv states keep their size."""
-        return "past_len" in self.dims or "total_len" in self.dims
+    def is_kv(self) -> bool:
+        """KV buffers have a `capacity` axis sized by the runtime; SSM and conv states a fixed size."""
+        return CAPACITY in self.dims
+
+    @property
+    def kv_axis(self) -> int | None:
+        return self.dims.index(CAPACITY) if CAPACITY in self.dims else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"dims": list(self.dims)}
@@ -50,12 +66,12 @@ class TensorSpec:
         return cls(d["name"], tuple(d["dims"]), d["dtype"], d["kind"], d.get("layer"))
 
 
-def _layer_states(cfg: HybridConfig, i: int, kind: str, prefix: str, length: str) -> list[TensorSpec]:
+def _layer_states(cfg: HybridConfig, i: int, kind: str, prefix: str) -> list[TensorSpec]:
     """The states `kinds.LAYER_KINDS[kind]` declares, as tensors of layer i."""
     return [
         TensorSpec(
             f"{prefix}.{i}.{s.name}",
-            ("batch", *(length if d == LENGTH else d for d in s.dims(cfg))),
+            ("batch", *s.dims(cfg)),
             s.dtype,
             s.name,
             i,
@@ -65,25 +81,23 @@ def _layer_states(cfg: HybridConfig, i: int, kind: str, prefix: str, length: str
 
 
 def past_specs(cfg: HybridConfig) -> list[TensorSpec]:
-    return [s for i, k in enumerate(cfg.layer_types) for s in _layer_states(cfg, i, k, "past", "past_len")]
+    return [s for i, k in enumerate(cfg.layer_types) for s in _layer_states(cfg, i, k, "past")]
 
 
 def present_specs(cfg: HybridConfig) -> list[TensorSpec]:
-    return [s for i, k in enumerate(cfg.layer_types) for s in _layer_states(cfg, i, k, "present", "total_len")]
+    return [s for i, k in enumerate(cfg.layer_types) for s in _layer_states(cfg, i, k, "present")]
 
 
 def input_specs(cfg: HybridConfig) -> list[TensorSpec]:
-    specs = [
-        TensorSpec("input_ids", ("batch", "seq"), "int64", "input_ids"),
-        TensorSpec("attention_mask", ("batch", "total_len"), "int64", "attention_mask"),
-    ]
-    if cfg.uses_positions:
-        specs.append(TensorSpec("position_ids", ("batch", "seq"), "int64", "position_ids"))
+    specs = [TensorSpec("input_ids", ("batch", "seq"), "int64", "input_ids")]
+    if cfg.has_attention:
+        specs.append(TensorSpec("past_lengths", ("batch",), "int64", "past_lengths"))
+    specs.append(TensorSpec("logit_positions", ("n_logits",), "int64", "logit_positions"))
     return specs + past_specs(cfg)
 
 
 def output_specs(cfg: HybridConfig) -> list[TensorSpec]:
-    return [TensorSpec("logits", ("batch", "seq", cfg.vocab_size), "float32", "logits")] + present_specs(cfg)
+    return [TensorSpec("logits", ("batch", "n_logits", cfg.vocab_size), "float32", "logits")] + present_specs(cfg)
 
 
 def present_name(past_name: str) -> str:
@@ -91,7 +105,7 @@ def present_name(past_name: str) -> str:
 
 
 def state_bytes_per_sequence(spec: TensorSpec, dtype_bytes: int = 4) -> int:
-    """Bytes of one sequence's state; for growing KV tensors, bytes per token."""
+    """Bytes of one sequence's state; for KV buffers, bytes per position of capacity."""
     n = dtype_bytes
     for d in spec.dims:
         if isinstance(d, int):

@@ -37,13 +37,13 @@ def describe(directory: str | Path, manifest: Manifest | None = None) -> str:
     for s in m.pasts:
         n = state_bytes_per_sequence(s)
         dims = "[" + ", ".join(str(d) for d in s.dims) + "]"
-        if s.grows:
+        if s.is_kv:
             grow += n
-            lines.append(f"  {s.name:<18} {s.kind:<6} {dims:<28} {s.dtype}  {_size(n)} per token")
+            lines.append(f"  {s.name:<18} {s.kind:<6} {dims:<28} {s.dtype}  {_size(n)} per position")
         else:
             fixed += n
             lines.append(f"  {s.name:<18} {s.kind:<6} {dims:<28} {s.dtype}  {_size(n)}")
-    lines.append(f"  total: {_size(fixed)} fixed + {_size(grow)} per token")
+    lines.append(f"  total: {_size(fixed)} fixed + {_size(grow)} per position of KV capacity")
     lines.append("files:")
     for name, info in m.files.items():
         lines.append(f"  {name:<24} {_size(info['bytes']):>12}  sha256 {info['sha256'][:12]}")

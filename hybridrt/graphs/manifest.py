@@ -15,7 +15,9 @@ from ..errors import GraphError
 from .contract import TensorSpec
 from .schema import check_manifest
 
-SCHEMA_VERSION = 1
+# 2: fixed-size KV buffers (past and present one buffer), past_lengths and logit_positions
+# instead of attention_mask and position_ids. Directories of version 1 must be re-exported.
+SCHEMA_VERSION = 2
 MANIFEST = "hybridrt.json"
 GRAPH_FILES = {"onnx": "model.onnx", "torchscript": "model.pt", "pt2": "model.pt2"}
 TOKENIZER_FILES = (
@@ -50,7 +52,7 @@ class Manifest:
     special_tokens: dict[str, Any]
     max_length: int
     vocab_size: int
-    logits: str = "all_positions"
+    logits: str = "logit_positions"  # which positions get logits: the ones the logit_positions input names
     quantization: dict[str, Any] | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -115,7 +117,7 @@ class Manifest:
             special_tokens=d.get("special_tokens", {}),
             max_length=int(d["max_length"]),
             vocab_size=int(d["vocab_size"]),
-            logits=d.get("logits", "all_positions"),
+            logits=d.get("logits", "logit_positions"),
             quantization=d.get("quantization"),
             provenance=d.get("provenance", {}),
             files=d.get("files", {}),
@@ -140,6 +142,13 @@ def read_manifest(directory: str | Path) -> Manifest:
         raise GraphError(f"{path} is corrupt or not a hybridrt manifest ({e!r}); re-export the model") from None
     except OSError as e:
         raise GraphError(f"{path} cannot be read ({e.strerror}); check its permissions") from None
+    version = data.get("schema_version", 1) if isinstance(data, dict) else None
+    if isinstance(version, int) and version < SCHEMA_VERSION:
+        raise GraphError(
+            f"{path} has schema version {version}: its graph grows its KV per token and takes an attention mask, "
+            f"which this hybridrt no longer runs (schema {SCHEMA_VERSION}: fixed-size KV buffers). Re-export the "
+            f"model: hybridrt export SRC -o {directory}"
+        )
     check_manifest(data, str(path), tuple(GRAPH_FILES))
     manifest = Manifest.from_dict(data)
     if manifest.schema_version > SCHEMA_VERSION:

@@ -8,17 +8,16 @@ import torch
 
 
 class MixerContext(NamedTuple):
-    """Per-call inputs shared by the layers of one forward.
+    """Per-call inputs shared by the layers of one forward. A call feeds the same number of
+    new tokens to every row (no padding inside a call), so recurrent mixers need no mask.
 
-    mask    [b, l]          1 = token, 0 = left padding (this call's positions): recurrent
-                            mixers must leave their state untouched at padding
-    bias    [b, 1, l, p+l]  additive attention mask (None when no layer attends)
-    cos/sin [b, l, rd]      rotary tables (None when the model uses no positions)
-    embeds  [b, l, d]       the (scaled) input embeddings, for kinds that re-read them
+    past_lengths [b]        tokens each row's states have seen (None when no layer attends):
+                            attention writes its new KV there and reads everything before
+    cos/sin      [b, l, rd] rotary tables (None when the model uses no positions)
+    embeds       [b, l, d]  the (scaled) input embeddings, for kinds that re-read them
     """
 
-    mask: torch.Tensor
-    bias: torch.Tensor | None
+    past_lengths: torch.Tensor | None
     cos: torch.Tensor | None
     sin: torch.Tensor | None
     embeds: torch.Tensor

@@ -43,7 +43,7 @@ class NormGated(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    """x [b, l, d], ctx (mask [b, l]), conv [b, conv_dim, k-1], ssm [b, H, K, V] -> (y [b, l, d], conv', ssm').
+    """x [b, l, d], conv [b, conv_dim, k-1], ssm [b, H, K, V] -> (y [b, l, d], conv', ssm').
 
     Weights: Qwen3-Next's in_proj_qkvz [Hk (2K + 2 (H/Hk) V), d] and in_proj_ba [2H, d], rows
     grouped per key head; or (gdn_split_proj) Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b, in_proj_a.
@@ -91,8 +91,7 @@ class GatedDeltaNet(nn.Module):
         self, x: torch.Tensor, ctx: MixerContext, conv_state: torch.Tensor, ssm_state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         bsz, l = x.shape[0], x.shape[1]
-        m = ctx.mask.to(x.dtype)  # [b, l]; padding positions must leave the state untouched
-        qkv, z, b, a = self._project(x * m.unsqueeze(-1))
+        qkv, z, b, a = self._project(x)
         qkv, conv_state = causal_conv(qkv.transpose(1, 2), conv_state, self.conv1d.weight, None, silu=True)
         qkv = qkv.transpose(1, 2)  # [b, l, conv_dim]
         q, k, v = torch.split(qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)

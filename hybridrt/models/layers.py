@@ -13,6 +13,7 @@ from torch import nn
 
 from ..config import HybridConfig
 from .context import MixerContext
+from .ops import kv_attention
 
 
 class RMSNorm(nn.Module):
@@ -120,10 +121,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    """Grouped-query causal attention with optional RoPE and an explicit KV past.
+    """Grouped-query causal attention with optional RoPE over fixed-size KV buffers.
 
-    x [b, l, d]; ctx.bias [b, 1, l, p+l] additive float, ctx.cos/sin [b, l, rd] or None;
-    past_k/past_v [b, h_kv, p, hd] -> (y [b, l, d], present_k/present_v [b, h_kv, p+l, hd]).
+    x [b, l, d]; ctx.past_lengths [b], ctx.cos/sin [b, l, rd] or None; past_k/past_v
+    [b, h_kv, C, hd] -> (y [b, l, d], present_k/present_v [b, h_kv, C, hd]): the new keys and
+    values land at positions past_lengths .. past_lengths + l - 1 (see ops.kv_attention).
     """
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
@@ -146,8 +148,8 @@ class Attention(nn.Module):
         self, x: torch.Tensor, ctx: MixerContext, past_k: torch.Tensor, past_v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, l, _ = x.shape
-        mask, cos, sin = ctx.bias, ctx.cos, ctx.sin
-        assert mask is not None
+        cos, sin = ctx.cos, ctx.sin
+        assert ctx.past_lengths is not None
         gate = None
         if self.output_gate:
             q, gate = self.q_proj(x).view(b, l, self.h, 2 * self.hd).chunk(2, dim=-1)
@@ -161,28 +163,10 @@ class Attention(nn.Module):
         if cos is not None and sin is not None:
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k = torch.cat([past_k, k], dim=2)
-        v = torch.cat([past_v, v], dim=2)
-        y = grouped_attention(q, k, v, mask, self.scale)
+        y, k, v = kv_attention(q, k, v, past_k, past_v, ctx.past_lengths, self.scale)
         if gate is not None:
             y = y * torch.sigmoid(gate)
         return self.o_proj(y), k, v
-
-
-def grouped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Softmax attention of q [b, h, l, hd] over k, v [b, h_kv, p+l, hd] with an additive
-    bias [b, 1, l, p+l] -> [b, l, h hd]. No K/V copy per query head: the query heads of one
-    KV head are stacked along the query axis ([b, h_kv, rep*l, hd])."""
-    b, h, l, hd = q.shape
-    h_kv = k.shape[1]
-    rep = h // h_kv
-    qg = q.reshape(b, h_kv, rep * l, hd)
-    scores = torch.matmul(qg, k.transpose(2, 3)) * scale  # [b, h_kv, rep*l, p+l]
-    scores = scores.view(b, h_kv, rep, l, -1) + bias.unsqueeze(1)
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(b, h_kv, rep * l, -1)
-    return torch.matmul(probs, v).view(b, h, l, hd).transpose(1, 2).reshape(b, l, h * hd)
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,19 +174,3 @@ def rope_cos_sin(inv_freq: torch.Tensor, position_ids: torch.Tensor) -> tuple[to
     freqs = position_ids.unsqueeze(-1).float() * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
-
-
-def attention_bias(attention_mask: torch.Tensor, l: int) -> torch.Tensor:
-    """Additive mask [b, 1, l, p+l] from a padding mask [b, p+l] (1 = token, 0 = padding).
-
-    Query i (absolute position p+i) sees key j when j <= p+i and key j is a token. A finite
-    minimum, not -inf, keeps fully masked rows (left padding) free of NaN.
-    """
-    total = attention_mask.shape[1]
-    past = total - l
-    q_pos = torch.arange(l, device=attention_mask.device).unsqueeze(1) + past
-    k_pos = torch.arange(total, device=attention_mask.device).unsqueeze(0)
-    allowed = (k_pos <= q_pos).unsqueeze(0) & attention_mask.bool().unsqueeze(1)
-    neg = torch.finfo(torch.float32).min
-    zero = torch.zeros((), dtype=torch.float32)
-    return torch.where(allowed, zero, torch.full((), neg)).unsqueeze(1)

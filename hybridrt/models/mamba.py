@@ -29,7 +29,7 @@ class WeightlessRMSNorm(nn.Module):
 
 
 class MambaMixer(nn.Module):
-    """x [b, l, d], ctx (mask [b, l]), conv [b, d_inner, k-1], ssm [b, d_inner, n] -> (y, conv', ssm')."""
+    """x [b, l, d], conv [b, d_inner, k-1], ssm [b, d_inner, n] -> (y, conv', ssm')."""
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()
@@ -52,11 +52,10 @@ class MambaMixer(nn.Module):
     def forward(
         self, x: torch.Tensor, ctx: MixerContext, conv_state: torch.Tensor, ssm_state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        m = ctx.mask.unsqueeze(-1).to(x.dtype)  # padding positions must leave the state untouched
-        xz = self.in_proj(x * m)
+        xz = self.in_proj(x)
         xs, z = xz.chunk(2, dim=-1)  # [b, l, d_inner] each
         xs, conv_state = causal_conv(xs.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias, silu=True)
-        xs = xs.transpose(1, 2) * m  # [b, l, d_inner]
+        xs = xs.transpose(1, 2)  # [b, l, d_inner]
         dt, B, C = torch.split(self.x_proj(xs), [self.r, self.n, self.n], dim=-1)
         if self.inner_norms:
             dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)

@@ -38,7 +38,7 @@ class GatedRMSNorm(nn.Module):
 
 
 class Mamba2Mixer(nn.Module):
-    """x [b, l, d], ctx (mask [b, l]), conv [b, conv_dim, k-1], ssm [b, H, P, n] -> (y [b, l, d], conv', ssm')."""
+    """x [b, l, d], conv [b, conv_dim, k-1], ssm [b, H, P, n] -> (y [b, l, d], conv', ssm')."""
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()
@@ -66,10 +66,9 @@ class Mamba2Mixer(nn.Module):
         self, x: torch.Tensor, ctx: MixerContext, conv_state: torch.Tensor, ssm_state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, l = x.shape[0], x.shape[1]
-        m = ctx.mask.unsqueeze(-1).to(x.dtype)  # padding positions must leave the state untouched
-        z, xbc, dt = torch.split(self.in_proj(x * m), [self.d_inner, self.conv_dim, self.H], dim=-1)
+        z, xbc, dt = torch.split(self.in_proj(x), [self.d_inner, self.conv_dim, self.H], dim=-1)
         xbc, conv_state = causal_conv(xbc.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias, silu=True)
-        xbc = xbc.transpose(1, 2) * m  # [b, l, conv_dim]
+        xbc = xbc.transpose(1, 2)  # [b, l, conv_dim]
         xs, B, C = torch.split(xbc, [self.d_inner, self.G * self.n, self.G * self.n], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # [b, l, H]
         if self.dt_min > 0.0:  # Zamba2, Nemotron-H: transformers' chunked scan clamps at time_step_min

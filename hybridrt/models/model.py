@@ -19,7 +19,8 @@ from torch import nn
 from ..config import HybridConfig
 from ..kinds import FFN_KINDS, layer_kind
 from .context import MixerContext
-from .layers import RMSNorm, attention_bias, rope_cos_sin, rope_inv_freq
+from .layers import RMSNorm, rope_cos_sin, rope_inv_freq
+from .state import zero_states
 
 
 def _resolve(path: str) -> type[nn.Module]:
@@ -62,10 +63,11 @@ class HybridModel(nn.Module):
 
 
 class HybridForCausalLM(nn.Module):
-    """input_ids [b, l], attention_mask [b, p+l], position_ids [b, l], states -> logits [b, l, v], states'.
+    """input_ids [b, l], past_lengths [b], logit_positions [n], states -> logits [b, n, v], states'.
 
-    Logits come back for every position of the call: evaluation and speculative verification
-    need them, and decode (l = 1) pays nothing for it.
+    The graph contract's signature (hybridrt.graphs.contract). For direct use the last three
+    may be left out: a fresh sequence (zero states, KV buffers of exactly l positions) and
+    logits for every position.
     """
 
     def __init__(self, cfg: HybridConfig) -> None:
@@ -84,21 +86,24 @@ class HybridForCausalLM(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor | None,
-        states: list[torch.Tensor],
+        past_lengths: torch.Tensor | None = None,
+        logit_positions: torch.Tensor | None = None,
+        states: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        l = input_ids.shape[1]
+        b, l = input_ids.shape
         cfg = self.config
+        if states is None:
+            states = zero_states(cfg, b, l)
+        if past_lengths is None:
+            past_lengths = torch.zeros(b, dtype=torch.long)
         x = self.model.embed_tokens(input_ids)
         if cfg.embedding_multiplier != 1.0:
             x = x * cfg.embedding_multiplier
         cos = sin = None
-        if self.inv_freq is not None:
-            assert position_ids is not None, "this model uses rotary positions: pass position_ids"
-            cos, sin = rope_cos_sin(self.inv_freq, position_ids)
-        bias = attention_bias(attention_mask, l) if cfg.has_attention else None
-        ctx = MixerContext(attention_mask[:, attention_mask.shape[1] - l :], bias, cos, sin, x)
+        if self.inv_freq is not None and cfg.has_attention:
+            positions = past_lengths.unsqueeze(1) + torch.arange(l, device=input_ids.device)  # [b, l]
+            cos, sin = rope_cos_sin(self.inv_freq, positions)
+        ctx = MixerContext(past_lengths if cfg.has_attention else None, cos, sin, x)
         out: list[torch.Tensor] = []
         i = 0
         for layer in self.model.layers:
@@ -111,6 +116,8 @@ class HybridForCausalLM(nn.Module):
                 x = x + self._residual(h)
             if block.ffn is not None and block.ffn_norm is not None:
                 x = x + self._residual(block.ffn(block.ffn_norm(x)))
+        if logit_positions is not None:
+            x = x.index_select(1, logit_positions)  # only these positions reach the LM head
         logits = self.lm_head(self.model.norm(x))
         if cfg.logits_scaling != 1.0:
             logits = logits / cfg.logits_scaling

@@ -17,6 +17,11 @@ transpose of the contract's [b, H, P, n].
 exp(g_t) S_{t-1}^T k_t)^T, o_t = S_t^T q_t (delta_scan.gated_delta_scan); in ONNX it is one
 `LinearAttention` node with update_rule "gated_delta" (q pre-scaled, scale 1), whose state
 layout [b, H, K, V] is the contract's.
+
+`kv_attention` is causal grouped-query attention over fixed-size KV buffers: the new keys
+and values are written at each row's own past length, and each query reads the positions
+before it. In ONNX it is one `GroupQueryAttention` node whose past and present are the same
+buffer (the runtime binds one OrtValue to both), so a decode step copies no KV.
 """
 
 from __future__ import annotations
@@ -207,6 +212,111 @@ def causal_conv(
     return _causal_conv_reference(x, conv_state, weight, bias, silu)
 
 
+def grouped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Softmax attention of q [b, h, l, hd] over k, v [b, h_kv, t, hd] with an additive
+    bias [b, 1, l, t] -> [b, l, h hd]. No K/V copy per query head: the query heads of one
+    KV head are stacked along the query axis ([b, h_kv, rep*l, hd])."""
+    b, h, l, hd = q.shape
+    h_kv = k.shape[1]
+    rep = h // h_kv
+    qg = q.reshape(b, h_kv, rep * l, hd)
+    scores = torch.matmul(qg, k.transpose(2, 3)) * scale  # [b, h_kv, rep*l, t]
+    scores = scores.view(b, h_kv, rep, l, -1) + bias.unsqueeze(1)
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(b, h_kv, rep * l, -1)
+    return torch.matmul(probs, v).view(b, h, l, hd).transpose(1, 2).reshape(b, l, h * hd)
+
+
+def _kv_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    past_k: torch.Tensor,
+    past_v: torch.Tensor,
+    past_lengths: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [b, h, l, hd], k, v [b, h_kv, l, hd], past_k/v [b, h_kv, C, hd], past_lengths [b]
+    -> (y [b, l, h hd], present_k/v [b, h_kv, C, hd])."""
+    b, h_kv, l, hd = k.shape
+    pos = past_lengths.unsqueeze(1) + torch.arange(l, device=k.device)  # [b, l] absolute positions
+    index = pos[:, None, :, None].expand(b, h_kv, l, hd)
+    present_k, present_v = past_k.scatter(2, index, k), past_v.scatter(2, index, v)
+    # Query at position p sees keys 0..p; a finite minimum (not -inf) keeps the softmax NaN-free.
+    cols = torch.arange(past_k.shape[2], device=k.device)
+    allowed = cols[None, None, :] <= pos[:, :, None]  # [b, l, C]
+    bias = torch.where(allowed, 0.0, torch.finfo(torch.float32).min).unsqueeze(1)
+    return grouped_attention(q, present_k, present_v, bias, scale), present_k, present_v
+
+
+@torch.library.custom_op("hybridrt::kv_attention", mutates_args=())
+def _kv_attention_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    past_k: torch.Tensor,
+    past_v: torch.Tensor,
+    past_lengths: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [b, l, h hd], k, v [b, l, h_kv hd] (token-major, as GroupQueryAttention takes them)."""
+    b, l, _ = q.shape
+    h_kv, hd = past_k.shape[1], past_k.shape[3]
+    heads = q.shape[2] // hd
+    y, pk, pv = _kv_attention_reference(
+        q.view(b, l, heads, hd).transpose(1, 2),
+        k.view(b, l, h_kv, hd).transpose(1, 2),
+        v.view(b, l, h_kv, hd).transpose(1, 2),
+        past_k,
+        past_v,
+        past_lengths,
+        scale,
+    )
+    return y.contiguous(), pk.contiguous(), pv.contiguous()
+
+
+@_kv_attention_op.register_fake
+def _(q, k, v, past_k, past_v, past_lengths, scale):  # type: ignore[no-untyped-def]
+    return torch.empty_like(q), torch.empty_like(past_k), torch.empty_like(past_v)
+
+
+# onnxruntime's CPU GroupQueryAttention takes head sizes that are multiples of 8; other
+# sizes keep the plain-op attention (same contract, KV written by ScatterElements).
+GQA_HEAD_MULTIPLE = 8
+
+
+def kv_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    past_k: torch.Tensor,
+    past_v: torch.Tensor,
+    past_lengths: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Causal attention of the new tokens over each row's KV buffer.
+
+    q [b, h, l, hd] and k, v [b, h_kv, l, hd] (rotary already applied), past_k/past_v
+    [b, h_kv, C, hd] holding past_lengths[r] positions of row r -> (y [b, l, h hd], present_k,
+    present_v [b, h_kv, C, hd]) with the new keys and values at past_lengths .. +l-1.
+    Positions past a row's length are never read, so a buffer needs no clearing.
+    """
+    b, h, l, hd = q.shape
+    if _FUSED and hd % GQA_HEAD_MULTIPLE == 0:
+        h_kv = k.shape[1]
+        return _kv_attention_op(
+            q.transpose(1, 2).reshape(b, l, h * hd),
+            k.transpose(1, 2).reshape(b, l, h_kv * hd),
+            v.transpose(1, 2).reshape(b, l, h_kv * hd),
+            past_k,
+            past_v,
+            past_lengths,
+            scale,
+        )
+    return _kv_attention_reference(q, k, v, past_k, past_v, past_lengths, scale)
+
+
 def onnx_translations() -> dict[object, object]:
     """custom_translation_table entries for torch.onnx.export."""
     from onnx.defs import OpSchema
@@ -301,9 +411,91 @@ def onnx_translations() -> dict[object, object]:
     def causal_conv_onnx(x, conv_state, weight, bias, silu):  # type: ignore[no-untyped-def]
         return conv_with_state(x, weight, bias, conv_state, activation="silu" if silu else "none")
 
+    M = "M"
+    gqa_inputs = [
+        ("query", T, False),
+        ("key", T, True),
+        ("value", T, True),
+        ("past_key", T, True),
+        ("past_value", T, True),
+        ("seqlens_k", M, False),
+        ("total_sequence_length", M, False),
+        ("cos_cache", T, True),
+        ("sin_cache", T, True),
+        ("position_ids", "P", True),
+        ("attention_bias", T, True),
+        ("head_sink", T, True),
+        ("k_scale", T, True),
+        ("v_scale", T, True),
+        ("q_norm_weight", T, True),
+        ("k_norm_weight", T, True),
+        ("query_seqlens", M, True),
+    ]
+    optional = OpSchema.FormalParameterOption.Optional
+    gqa_schema = OpSchema(
+        "GroupQueryAttention",
+        "com.microsoft",
+        1,
+        inputs=[
+            OpSchema.FormalParameter(n, t, param_option=optional) if opt else OpSchema.FormalParameter(n, t)
+            for n, t, opt in gqa_inputs
+        ],
+        outputs=[
+            OpSchema.FormalParameter("output", T),
+            OpSchema.FormalParameter("present_key", T),
+            OpSchema.FormalParameter("present_value", T),
+        ],
+        type_constraints=[
+            (T, ["tensor(float)", "tensor(float16)"], ""),
+            (M, ["tensor(int32)"], ""),
+            ("P", ["tensor(int64)"], ""),
+        ],
+        attributes=[
+            OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, ""),
+            OpSchema.Attribute("kv_num_heads", OpSchema.AttrType.INT, ""),
+            OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, ""),
+        ],
+    )
+    group_query_attention = values.Op(values.Opset("com.microsoft", 1), "GroupQueryAttention", gqa_schema)
+
+    def kv_attention_onnx(q, k, v, past_k, past_v, past_lengths, scale):  # type: ignore[no-untyped-def]
+        # seqlens_k = tokens after the call - 1 per row; query_seqlens = new tokens per row (all
+        # rows alike: the contract has no padding inside a call); the total is an upper bound.
+        h_kv, hd = past_k.shape[1], past_k.shape[3]
+        heads = q.shape[2] // hd
+        int32 = 6  # onnx.TensorProto.INT32
+        l = op.Shape(q, start=1, end=2)  # [1]
+        after = op.Add(past_lengths, l)  # [b]
+        seqlens_k = op.Cast(op.Sub(after, op.Constant(value_ints=[1])), to=int32)
+        total = op.Cast(op.ReduceMax(after, keepdims=0), to=int32)
+        query_seqlens = op.Cast(op.Expand(l, op.Shape(past_lengths)), to=int32)
+        return group_query_attention(
+            q,
+            k,
+            v,
+            past_k,
+            past_v,
+            seqlens_k,
+            total,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            query_seqlens,
+            num_heads=heads,
+            kv_num_heads=h_kv,
+            scale=scale,
+        )
+
     return {
         torch.ops.hybridrt.causal_conv.default: causal_conv_onnx,
         torch.ops.hybridrt.gated_delta.default: gated_delta_onnx,
+        torch.ops.hybridrt.kv_attention.default: kv_attention_onnx,
         torch.ops.hybridrt.selective_scan.default: selective_scan_onnx,
         torch.ops.hybridrt.ssd_scan.default: ssd_scan_onnx,
     }

@@ -45,7 +45,7 @@ class FalconH1Mamba(Mamba2Mixer):
     in_proj output times a per-part vector (z, x, B, C, dt), out_proj bias from
     `mamba2_out_bias`, and the gated norm optional (none: y * silu(z)) or normalizing first.
 
-    x [b, l, d], ctx (mask [b, l]), conv [b, conv_dim, k-1], ssm [b, H, P, n] -> (y [b, l, d], conv', ssm')."""
+    x [b, l, d], conv [b, conv_dim, k-1], ssm [b, H, P, n] -> (y [b, l, d], conv', ssm')."""
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__(cfg, layer, shared)
@@ -68,11 +68,10 @@ class FalconH1Mamba(Mamba2Mixer):
         self, x: torch.Tensor, ctx: MixerContext, conv_state: torch.Tensor, ssm_state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, l = x.shape[0], x.shape[1]
-        m = ctx.mask.unsqueeze(-1).to(x.dtype)  # padding positions must leave the state untouched
-        zxbcdt = self.in_proj(x * m * self.in_multiplier) * self.mup
+        zxbcdt = self.in_proj(x * self.in_multiplier) * self.mup
         z, xbc, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.H], dim=-1)
         xbc, conv_state = causal_conv(xbc.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias, silu=True)
-        xbc = xbc.transpose(1, 2) * m  # [b, l, conv_dim]
+        xbc = xbc.transpose(1, 2)  # [b, l, conv_dim]
         xs, B, C = torch.split(xbc, [self.d_inner, self.G * self.n, self.G * self.n], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # [b, l, H]
         A = -torch.exp(self.A_log.float())  # [H]
@@ -88,8 +87,8 @@ class FalconH1Mamba(Mamba2Mixer):
 class ParallelHybrid(nn.Module):
     """attn_out * attention(x * attn_in) + ssm_out * mamba(x), on the same normed x.
 
-    x [b, l, d], ctx (mask, bias, cos/sin), past_k/past_v [b, h_kv, p, hd], conv [b, conv_dim, k-1],
-    ssm [b, H, P, n] -> (y [b, l, d], k', v' [b, h_kv, p+l, hd], conv', ssm').
+    x [b, l, d], ctx (past_lengths, cos/sin), past_k/past_v [b, h_kv, C, hd], conv [b, conv_dim, k-1],
+    ssm [b, H, P, n] -> (y [b, l, d], k', v' [b, h_kv, C, hd], conv', ssm').
     The key multiplier is the config's attention_multiplier (it scales the scores alike).
     """
 

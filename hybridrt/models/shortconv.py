@@ -15,7 +15,7 @@ from .ops import causal_conv
 
 
 class ShortConv(nn.Module):
-    """x [b, l, d], ctx (mask [b, l]), conv [b, d, k-1] -> (y [b, l, d], conv')."""
+    """x [b, l, d], conv [b, d, k-1] -> (y [b, l, d], conv')."""
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()
@@ -27,7 +27,6 @@ class ShortConv(nn.Module):
     def forward(
         self, x: torch.Tensor, ctx: MixerContext, conv_state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        m = ctx.mask.unsqueeze(1).to(x.dtype)  # [b, 1, l]: padding must leave the conv state untouched
         B, C, xs = self.in_proj(x).transpose(1, 2).chunk(3, dim=1)  # [b, d, l] each
-        y, conv_state = causal_conv(B * xs * m, conv_state, self.conv.weight, self.conv.bias)
+        y, conv_state = causal_conv(B * xs, conv_state, self.conv.weight, self.conv.bias)
         return self.out_proj((C * y).transpose(1, 2)), conv_state

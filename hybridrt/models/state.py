@@ -9,6 +9,7 @@ from ..graphs.contract import past_specs
 from ..graphs.feeds import state_shape
 
 
-def zero_states(cfg: HybridConfig, batch: int, past_len: int = 0) -> list[torch.Tensor]:
-    """Past tensors for `batch` fresh sequences (KV of length `past_len`, zero SSM/conv)."""
-    return [torch.zeros(state_shape(spec, batch, past_len)) for spec in past_specs(cfg)]
+def zero_states(cfg: HybridConfig, batch: int, capacity: int) -> list[torch.Tensor]:
+    """Past tensors for `batch` fresh sequences: zero SSM/conv states, zero KV buffers of
+    `capacity` positions."""
+    return [torch.zeros(state_shape(spec, batch, capacity)) for spec in past_specs(cfg)]

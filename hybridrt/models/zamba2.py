@@ -26,7 +26,8 @@ from torch import nn
 
 from ..config import HybridConfig
 from .context import MixerContext
-from .layers import RMSNorm, activation, apply_rope, grouped_attention
+from .layers import RMSNorm, activation, apply_rope
+from .ops import kv_attention
 from .mamba2 import Mamba2Mixer
 
 KIND = "zamba2_hybrid"
@@ -70,8 +71,8 @@ def _adapter(n_in: int, rank: int, n_out: int) -> nn.Sequential:
 
 
 class Zamba2Hybrid(nn.Module):
-    """x [b, l, d] (raw: the kind has no pre-norm), ctx (bias, cos/sin, embeds, mask),
-    key/value [b, h_kv, p, hd], conv, ssm -> (y [b, l, d], key', value' [b, h_kv, p+l, hd], conv', ssm')."""
+    """x [b, l, d] (raw: the kind has no pre-norm), ctx (past_lengths, cos/sin, embeds),
+    key/value [b, h_kv, C, hd], conv, ssm -> (y [b, l, d], key', value' [b, h_kv, C, hd], conv', ssm')."""
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()
@@ -100,7 +101,7 @@ class Zamba2Hybrid(nn.Module):
     def _attention(
         self, x: torch.Tensor, ctx: MixerContext, past_k: torch.Tensor, past_v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [b, l, 2d] normed -> (o [b, l, d], k, v [b, h_kv, p+l, hd])."""
+        """x [b, l, 2d] normed -> (o [b, l, d], k, v [b, h_kv, C, hd])."""
         b, l, _ = x.shape
         proj = self._block[0].self_attn
         q, k, v = proj.q_proj(x), proj.k_proj(x), proj.v_proj(x)
@@ -112,10 +113,9 @@ class Zamba2Hybrid(nn.Module):
         if ctx.cos is not None and ctx.sin is not None:
             cos, sin = ctx.cos.unsqueeze(1), ctx.sin.unsqueeze(1)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k = torch.cat([past_k, k], dim=2)
-        v = torch.cat([past_v, v], dim=2)
-        assert ctx.bias is not None
-        return proj.o_proj(grouped_attention(q, k, v, ctx.bias, self.scale)), k, v
+        assert ctx.past_lengths is not None
+        y, k, v = kv_attention(q, k, v, past_k, past_v, ctx.past_lengths, self.scale)
+        return proj.o_proj(y), k, v
 
     def forward(
         self,

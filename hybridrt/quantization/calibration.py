@@ -5,13 +5,13 @@ a prompt from empty states, a prompt chunk continued from non-zero states, and o
 decode steps whose conv/ssm states and KV past hold a real history. So each window of
 L tokens (h = L // 2) yields:
 
-  prompt     ids[0:L]  with zero conv/ssm states and a KV past of length 0
+  prompt     ids[0:L]  with zero states (KV buffers of L positions, past length 0)
   chunk      ids[h:L]  with the states the float model reached after ids[0:h]
   decode     ids[t]    for t = h .. h + decode_steps - 1, states advanced token by token
              by the float model (the parent's ONNX session)
 
-Every feed holds every graph input (input_ids, attention_mask, position_ids where the
-manifest declares it, every past.*), batch 1.
+Every feed holds every graph input (input_ids, past_lengths where the manifest declares
+it, logit_positions for every position, every past.*), batch 1.
 """
 
 from __future__ import annotations
@@ -100,12 +100,11 @@ class FeedMaker:
         self.session = session
         self.inputs = manifest.inputs
         self.pasts = manifest.pasts
-        self.zeros = zero_states(self.pasts, 1)
 
     def feed(self, ids: np.ndarray, states: Feed, past_len: int) -> Feed:
-        """ids [s] after past_len tokens whose states are `states` -> one feed."""
-        mask = np.ones((1, past_len + len(ids)), dtype=np.int64)
-        return graph_feeds(self.inputs, ids[None, :].astype(np.int64), mask, states)
+        """ids [s] after past_len tokens whose states are `states` -> one feed (logits of
+        every position: the LM head's input ranges see the whole window)."""
+        return graph_feeds(self.inputs, ids[None, :].astype(np.int64), past_len, states, all_logits=True)
 
     def advance(self, feed: Feed) -> Feed:
         """Run the float graph; its presents, renamed as the next pasts."""
@@ -115,8 +114,9 @@ class FeedMaker:
     def window_feeds(self, ids: np.ndarray, decode_steps: int) -> list[Feed]:
         """The prompt, chunk and decode feeds of one window (see the module docstring)."""
         h = len(ids) // 2
-        feeds = [self.feed(ids, self.zeros, 0)]
-        states = self.advance(self.feed(ids[:h], self.zeros, 0))
+        zeros = zero_states(self.pasts, 1, len(ids))  # KV buffers that hold the whole window
+        feeds = [self.feed(ids, zeros, 0)]
+        states = self.advance(self.feed(ids[:h], zeros, 0))
         feeds.append(self.feed(ids[h:], states, h))
         for t in range(h, min(len(ids), h + decode_steps)):
             feeds.append(self.feed(ids[t : t + 1], states, t))

@@ -1,6 +1,6 @@
 """The decode loop: prefill once, then one token per step from the carried states.
 
-Shapes: b = batch rows, l = padded prompt length, V = vocabulary size.
+Shapes: b = batch rows, l = prompt length, V = vocabulary size.
 """
 
 from __future__ import annotations
@@ -40,17 +40,6 @@ class GenerationStats:
         return sum(len(t) for t in self.tokens)
 
 
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Token lists -> ids [b, l] int64 and mask [b, l] int64, padded on the left (mask 0)."""
-    width = max(len(p) for p in prompts)
-    ids = np.full((len(prompts), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(prompts), width), dtype=np.int64)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p) :] = p
-        mask[r, width - len(p) :] = 1
-    return ids, mask
-
-
 def seen_tokens(history: Sequence[Sequence[int]], vocab: int) -> np.ndarray:
     """[b, V] bool: which tokens each row has seen, for the repetition penalty."""
     seen = np.zeros((len(history), vocab), dtype=bool)
@@ -59,14 +48,24 @@ def seen_tokens(history: Sequence[Sequence[int]], vocab: int) -> np.ndarray:
     return seen
 
 
-def prefill(stepper: Stepper, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Run the prompt [b, l] in one parallel call; returns last-position logits [b, V]."""
-    return stepper.forward(ids, mask)
+def prefill(stepper: Stepper, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+    """Run the prompts (one per row) from the stepper's states; returns each row's
+    last-position logits [b, V]. Prompts of one length run as one call; otherwise each row
+    runs alone from fresh states and its states move into its row (no padding: every row
+    ends exactly as it would alone)."""
+    if len({len(p) for p in prompts}) == 1:
+        return stepper.forward(np.asarray(prompts, dtype=np.int64))
+    logits = np.empty((len(prompts), stepper.vocab), dtype=np.float32)
+    for r, p in enumerate(prompts):
+        one = stepper.fresh(1)
+        logits[r] = one.forward(np.asarray([p], dtype=np.int64))[0]
+        stepper.set_row(r, one.states(), int(stepper.lengths[r]) + len(p))
+    return logits
 
 
-def decode_step(stepper: Stepper, tokens: np.ndarray, ones: np.ndarray) -> np.ndarray:
+def decode_step(stepper: Stepper, tokens: np.ndarray) -> np.ndarray:
     """Feed one token per row [b] from the carried states; returns logits [b, V]."""
-    return stepper.forward(tokens[:, None], ones)
+    return stepper.forward(tokens[:, None])
 
 
 def generate(
@@ -87,15 +86,14 @@ def generate(
     """
     b = len(prompts)
     rng = np.random.default_rng(cfg.seed)
-    ids, mask = left_pad(prompts, pad_id)
     stats.tokens = [[] for _ in range(b)]
-    stats.prompt_tokens = int(mask.sum())
+    stats.prompt_tokens = sum(len(p) for p in prompts)
     t0 = time.perf_counter()
-    logits = prefill(stepper, ids, mask)
+    logits = prefill(stepper, prompts)
     stats.prefill_s = time.perf_counter() - t0
     seen = seen_tokens(history or prompts, stepper.vocab) if cfg.repetition_penalty != 1.0 else None
     eos_ids = np.asarray(eos, dtype=np.int64)
-    ones, rows = np.ones((b, 1), dtype=np.int64), np.arange(b)
+    rows = np.arange(b)
     live = np.ones(b, dtype=bool)
     t0 = time.perf_counter()
     try:
@@ -108,7 +106,7 @@ def generate(
             yield tokens
             if not live.any() or step + 1 == cfg.max_new_tokens:
                 break
-            logits = decode_step(stepper, tokens, ones)
+            logits = decode_step(stepper, tokens)
             stats.decode_tokens += int(live.sum())
     finally:
         stats.decode_s = time.perf_counter() - t0

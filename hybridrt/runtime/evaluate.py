@@ -50,10 +50,10 @@ LogitsFn = Callable[[np.ndarray], np.ndarray]
 def ort_logits_fn(model: Any) -> LogitsFn:
     """ids [1, l] -> logits [l, V] from fresh states, with the runtime's ONNX session."""
     session, manifest = model.inference_session, model.manifest
-    zeros = zero_states(manifest.pasts, 1)
 
     def run(chunk: np.ndarray) -> np.ndarray:
-        return session.run(["logits"], graph_feeds(manifest.inputs, chunk, np.ones_like(chunk), zeros))[0][0]
+        zeros = zero_states(manifest.pasts, 1, chunk.shape[1])
+        return session.run(["logits"], graph_feeds(manifest.inputs, chunk, 0, zeros, all_logits=True))[0][0]
 
     return run
 

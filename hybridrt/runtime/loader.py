@@ -121,7 +121,7 @@ def check_graph(session: Any, manifest: Manifest, directory: Path) -> None:
                     f"{directory / MANIFEST} does not match {manifest.graph_file}: {kind} {spec.name} {problem}; "
                     "re-export the model"
                 )
-    for name in ("input_ids", "attention_mask"):
+    for name in ("input_ids", "logit_positions"):
         if name not in [s.name for s in manifest.inputs]:
             raise GraphError(f"{directory / MANIFEST} declares no {name} input; this is not a hybridrt graph")
     # The runtime relies on logits first, then one present per past in the same order.

@@ -80,7 +80,7 @@ class Model:
         return self.manifest.max_length
 
     def generate(self, prompt: Any, **kwargs: Any) -> Output:
-        """Generate for one prompt or a batch (left-padded; each row as if alone)."""
+        """Generate for one prompt or a batch (each row as if alone)."""
         return self.generate_with_stats(prompt, **kwargs)[0]
 
     def generate_with_stats(self, prompt: Any, **kwargs: Any) -> tuple[Output, dec.GenerationStats]:
@@ -89,7 +89,8 @@ class Model:
         prompts = self.prompt_rows(prompt, cfg)
         self.check_length(prompts.rows, cfg)
         stats = dec.GenerationStats()
-        for _ in self._steps(self._new_stepper(len(prompts.rows)), prompts.rows, cfg, stats):
+        stepper = self._new_stepper(len(prompts.rows), self.capacity_for(prompts.rows, cfg))
+        for _ in self._steps(stepper, prompts.rows, cfg, stats):
             pass
         return self._format(prompts, stats.tokens), stats
 
@@ -102,7 +103,8 @@ class Model:
             raise GenerationError("stream() takes one prompt; use generate() for a batch")
         self.check_length(prompts.rows, cfg)
         stats = dec.GenerationStats()
-        return TextStream(self._pieces(self._steps(self._new_stepper(1), prompts.rows, cfg, stats), stats), stats)
+        stepper = self._new_stepper(1, self.capacity_for(prompts.rows, cfg))
+        return TextStream(self._pieces(self._steps(stepper, prompts.rows, cfg, stats), stats), stats)
 
     def session(self) -> ChatSession:
         """A conversation whose states carry over from one generate() call to the next."""
@@ -128,8 +130,13 @@ class Model:
                     row.insert(0, bos)
         return prompts
 
-    def _new_stepper(self, batch: int) -> Stepper:
-        return new_stepper(self.inference_session, self.manifest, batch, self.device, self.io_binding)
+    def _new_stepper(self, batch: int, capacity: int) -> Stepper:
+        return new_stepper(self.inference_session, self.manifest, batch, self.device, self.io_binding, capacity)
+
+    def capacity_for(self, rows: Sequence[Sequence[int]], cfg: GenerationConfig, past: int = 0) -> int:
+        """KV positions a generation needs: the longest row after `past` tokens, plus
+        max_new_tokens (within the model's max length)."""
+        return min(past + max(len(r) for r in rows) + cfg.max_new_tokens, self.max_length)
 
     def check_length(self, rows: Sequence[Sequence[int]], cfg: GenerationConfig, past: int = 0) -> None:
         """GenerationError unless rows (after `past` tokens) and cfg.max_new_tokens fit the model:
@@ -142,7 +149,7 @@ class Model:
                 f"{self.max_length}; shorten the prompt or lower max_new_tokens"
             )
         check_eos_ids(cfg.eos_ids(()), self.manifest.vocab_size)
-        check_memory(self.manifest, len(rows), longest + cfg.max_new_tokens, max(len(r) for r in rows))
+        check_memory(self.manifest, len(rows), longest + cfg.max_new_tokens)
 
     def _steps(
         self,
@@ -235,7 +242,8 @@ class ChatSession:
 
     def _steps(self, prompts: Prompts, cfg: GenerationConfig, stats: dec.GenerationStats) -> Iterator[np.ndarray]:
         if self.stepper is None:
-            self.stepper = self.model._new_stepper(1)
+            # Room for this turn; later turns regrow the KV buffers (doubling) when they need more.
+            self.stepper = self.model._new_stepper(1, self.model.capacity_for(prompts.rows, cfg, len(self.history)))
         new = prompts.rows[0]
         rows = [self.pending + new]
         history = [self.history + new]

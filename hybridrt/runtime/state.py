@@ -1,15 +1,18 @@
-"""Per-generation state: the graph's past/present tensors, the attention mask and positions.
+"""Per-generation state: the graph's past/present tensors and how many tokens each row has seen.
 
-Two ways to run a step, one interface (`forward(ids, mask) -> last-position logits`):
+Two ways to run a step, one interface (`forward(ids) -> last-position logits`):
 
-- BoundStepper: buffers live on the session's device and are bound with IO binding. Fixed-size
-  states (Mamba conv/ssm) ping-pong between two sets allocated once; two IOBindings are
-  prebound to the two directions, so a step only rebinds ids, mask, positions, KV and logits.
-  KV presents stay on the device and are fed back as the next pasts (no host copy). Decode
-  logits land in one preallocated host buffer [b, 1, V]; nothing else crosses to the host.
+- BoundStepper: buffers live on the session's device and are bound once with IO binding.
+  KV buffers have a fixed capacity and are bound as both past and present: the graph writes
+  the new keys and values in place (GroupQueryAttention's shared buffer), so KV is neither
+  copied nor grown per step. Fixed-size states (conv/ssm) ping-pong between two sets
+  allocated once, with two IOBindings prebound to the two directions. A decode step binds
+  only input_ids, past_lengths and logit_positions; its logits land in one preallocated host
+  buffer [b, 1, V]. On the CPU the buffers are numpy arrays the OrtValues alias, so rows can
+  be read and written without a copy through the session.
 - PlainStepper: numpy feeds through session.run, for comparison and for debugging.
 
-Shapes: b = batch, s = new tokens this call, L = tokens so far (past_len), V = vocabulary.
+Shapes: b = batch, s = new tokens this call, C = KV capacity, V = vocabulary.
 """
 
 from __future__ import annotations
@@ -25,117 +28,206 @@ from ..graphs.manifest import Manifest
 
 
 class Stepper:
-    """Runs the graph step by step over its carried states; the mask bookkeeping is shared
-    by both ways of running.
+    """Runs the graph step by step over carried states; `lengths` [b] counts the tokens each
+    row has seen (rows may differ: each is written and read at its own positions)."""
 
-    `mask` [b, L] holds 1 for every token the states have seen and 0 for left padding;
-    graphs.feeds derives the positions of new tokens from it.
-    """
-
-    def __init__(self, session: Any, manifest: Manifest, batch: int) -> None:
+    def __init__(self, session: Any, manifest: Manifest, batch: int, capacity: int) -> None:
         self.session = session
         self.manifest = manifest
         self.batch = batch
         self.pasts = manifest.pasts
         self.vocab = int(manifest.vocab_size)
-        self._mask = np.ones((batch, manifest.max_length), dtype=np.int64)
-        self.length = 0
+        self.has_kv = any(s.is_kv for s in self.pasts)
+        self.capacity = min(max(int(capacity), 1), manifest.max_length) if self.has_kv else 0
+        self.lengths = np.zeros(batch, dtype=np.int64)
 
-    @property
-    def mask(self) -> np.ndarray:
-        return self._mask[:, : self.length]
-
-    def _inputs(self, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
-        """Graph inputs but the pasts for ids [b, s] and their mask [b, s]; advances the bookkeeping."""
+    def _feeds(self, ids: np.ndarray, all_logits: bool) -> dict[str, np.ndarray]:
+        """Graph inputs but the pasts for ids [b, s]; checks and advances the lengths."""
         s = ids.shape[1]
-        if self.length + s > self._mask.shape[1]:
-            raise GenerationError(f"{self.length + s} tokens exceed the model's max length {self._mask.shape[1]}")
-        self._mask[:, self.length : self.length + s] = mask
-        self.length += s
-        return graph_feeds(self.manifest.inputs, ids, np.ascontiguousarray(self._mask[:, : self.length]), {})
+        need = int(self.lengths.max(initial=0)) + s
+        if need > self.manifest.max_length:
+            raise GenerationError(f"{need} tokens exceed the model's max length {self.manifest.max_length}")
+        if self.has_kv and need > self.capacity:
+            self.grow(need)
+        feeds = graph_feeds(self.manifest.inputs, ids, self.lengths, {}, all_logits)
+        self.lengths = self.lengths + s
+        return feeds
 
-    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """Run ids [b, s] (int64) with mask [b, s]; returns last-position logits [b, V].
+    def forward(self, ids: np.ndarray, all_logits: bool = False) -> np.ndarray:
+        """Run ids [b, s] (int64, s new tokens for every row); returns the last position's
+        logits [b, V], or every position's [b, s, V] with `all_logits`.
 
         The returned array may be a view of a buffer that the next call overwrites.
         """
         raise NotImplementedError
 
+    def grow(self, need: int) -> None:
+        """Larger KV buffers (at least `need` positions, at most the model's max length),
+        keeping what they hold: the capacity doubles, so a long conversation regrows rarely."""
+        self.capacity = min(max(need, 2 * self.capacity), self.manifest.max_length)
+
+    def states(self) -> list[np.ndarray]:
+        """Host copies of the states, in the order of the pasts."""
+        raise NotImplementedError
+
+    def set_row(self, row: int, states: list[np.ndarray], length: int) -> None:
+        """Row `row` takes `states` (one row each, KV of at most our capacity) and `length`."""
+        raise NotImplementedError
+
+    def fresh(self, batch: int) -> Stepper:
+        """A stepper of the same kind and capacity over `batch` fresh rows."""
+        raise NotImplementedError
+
+
+def _fit(x: np.ndarray, spec: TensorSpec, capacity: int) -> np.ndarray:
+    """A KV tensor cut or zero-padded to `capacity` positions (others unchanged)."""
+    axis = spec.kv_axis
+    if axis is None or x.shape[axis] == capacity:
+        return x
+    if x.shape[axis] > capacity:
+        return np.take(x, np.arange(capacity), axis=axis)
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, capacity - x.shape[axis])
+    return np.pad(x, widths)
+
 
 class PlainStepper(Stepper):
     """States as numpy arrays, fed and fetched with session.run each step."""
 
-    def __init__(self, session: Any, manifest: Manifest, batch: int) -> None:
-        super().__init__(session, manifest, batch)
-        self.states = list(zero_states(self.pasts, batch).values())
+    def __init__(self, session: Any, manifest: Manifest, batch: int, capacity: int) -> None:
+        super().__init__(session, manifest, batch, capacity)
+        self._states = list(zero_states(self.pasts, batch, self.capacity).values())
 
-    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        feeds = self._inputs(ids, mask)
-        feeds.update((s.name, x) for s, x in zip(self.pasts, self.states))
-        logits, *self.states = self.session.run(None, feeds)
-        return logits[:, -1]
+    def forward(self, ids: np.ndarray, all_logits: bool = False) -> np.ndarray:
+        feeds = self._feeds(ids, all_logits)
+        feeds.update((s.name, x) for s, x in zip(self.pasts, self._states))
+        logits, *self._states = self.session.run(None, feeds)
+        return logits if all_logits else logits[:, -1]
+
+    def grow(self, need: int) -> None:
+        super().grow(need)
+        self._states = [_fit(x, s, self.capacity) for s, x in zip(self.pasts, self._states)]
+
+    def states(self) -> list[np.ndarray]:
+        return [x.copy() for x in self._states]
+
+    def fresh(self, batch: int) -> Stepper:
+        return PlainStepper(self.session, self.manifest, batch, self.capacity)
+
+    def set_row(self, row: int, states: list[np.ndarray], length: int) -> None:
+        for s, x, new in zip(self.pasts, self._states, states):
+            x[row] = _fit(new, s, self.capacity)[0]
+        self.lengths[row] = length
 
 
 class BoundStepper(Stepper):
     """States on the session's device, bound with IO binding (see the module docstring)."""
 
-    def __init__(self, session: Any, manifest: Manifest, batch: int, device: tuple[str, int]) -> None:
-        import onnxruntime as ort
-
-        super().__init__(session, manifest, batch)
+    def __init__(
+        self, session: Any, manifest: Manifest, batch: int, capacity: int, device: tuple[str, int]
+    ) -> None:
+        super().__init__(session, manifest, batch, capacity)
         self.device = device
-        self.fixed = [s for s in self.pasts if not s.grows]
-        self.growing = [s for s in self.pasts if s.grows]
-        out_names = [o.name for o in session.get_outputs()]
-        self.kv_out = [out_names.index(present_name(s.name)) for s in self.growing]
-        # Two sets for the fixed-size states: set 0 starts at zero, set 1 is written first.
-        sets = [
-            [ort.OrtValue.ortvalue_from_numpy(self._zeros(s), *device) for s in self.fixed],
-            [
-                ort.OrtValue.ortvalue_from_shape_and_type(state_shape(s, batch), NUMPY_DTYPES[s.dtype], *device)
-                for s in self.fixed
-            ],
-        ]
-        self.bindings = [session.io_binding(), session.io_binding()]
-        for k, binding in enumerate(self.bindings):
-            # Bind every output once in graph order: get_outputs() keeps the order of first binding.
-            fixed = {present_name(s.name): v for s, v in zip(self.fixed, sets[1 - k])}
-            for name in out_names:
-                if name in fixed:
-                    binding.bind_ortvalue_output(name, fixed[name])
-                else:
-                    binding.bind_output(name, *device)
-            for s, value in zip(self.fixed, sets[k]):
-                binding.bind_ortvalue_input(s.name, value)
-        self.parity = 0
-        self.kv = [ort.OrtValue.ortvalue_from_numpy(self._zeros(s), *device) for s in self.growing]
+        self.on_host = device[0] == "cpu"
+        self.kv = [s for s in self.pasts if s.is_kv]
+        self.fixed = [s for s in self.pasts if not s.is_kv]
         self.step_logits = np.empty((batch, 1, self.vocab), dtype=np.float32)
-        self._step_logits = ort.OrtValue.ortvalue_from_numpy(self.step_logits)
+        self._allocate([self._zeros(s) for s in self.kv], [[self._zeros(s) for s in self.fixed]] * 2)
 
     def _zeros(self, spec: TensorSpec) -> np.ndarray:
-        return np.zeros(state_shape(spec, self.batch), NUMPY_DTYPES[spec.dtype])
+        return np.zeros(state_shape(spec, self.batch, self.capacity), NUMPY_DTYPES[spec.dtype])
 
-    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _value(self, x: np.ndarray) -> Any:
+        """An OrtValue on the device: on the CPU it aliases x (which must stay alive)."""
+        import onnxruntime as ort
+
+        if self.on_host:
+            return ort.OrtValue.ortvalue_from_numpy(x)
+        return ort.OrtValue.ortvalue_from_numpy(x, *self.device)
+
+    def _allocate(self, kv: list[np.ndarray], fixed: list[list[np.ndarray]]) -> None:
+        """Buffers from host arrays (KV, and both sets of the fixed states), and the two
+        prebound IOBindings: binding k reads fixed set k and writes set 1 - k."""
+        import onnxruntime as ort
+
+        # On the CPU the arrays are the buffers; keep them (the OrtValues alias them).
+        self._kv_host = [np.ascontiguousarray(x) for x in kv]
+        self._fixed_host = [[np.array(x) for x in fixed[0]], [np.array(x) for x in fixed[1]]]
+        self._kv_values = [self._value(x) for x in self._kv_host]
+        self._fixed_values = [[self._value(x) for x in group] for group in self._fixed_host]
+        self._step_value = ort.OrtValue.ortvalue_from_numpy(self.step_logits)
+        out_names = [o.name for o in self.session.get_outputs()]
+        self.bindings = [self.session.io_binding(), self.session.io_binding()]
+        for k, binding in enumerate(self.bindings):
+            # Bind every output once in graph order: get_outputs() keeps the order of first binding.
+            outputs = {present_name(s.name): v for s, v in zip(self.fixed, self._fixed_values[1 - k])}
+            outputs.update((present_name(s.name), v) for s, v in zip(self.kv, self._kv_values))
+            for name in out_names:
+                if name in outputs:
+                    binding.bind_ortvalue_output(name, outputs[name])
+                else:
+                    binding.bind_output(name, "cpu")  # logits: rebound per call
+            for s, value in zip(self.fixed, self._fixed_values[k]):
+                binding.bind_ortvalue_input(s.name, value)
+            for s, value in zip(self.kv, self._kv_values):
+                binding.bind_ortvalue_input(s.name, value)
+        self.parity = 0
+
+    def forward(self, ids: np.ndarray, all_logits: bool = False) -> np.ndarray:
+        feeds = self._feeds(ids, all_logits)
         binding = self.bindings[self.parity]
-        for name, value in self._inputs(ids, mask).items():
+        for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
-        for s, value in zip(self.growing, self.kv):
-            binding.bind_ortvalue_input(s.name, value)
-            binding.bind_output(present_name(s.name), *self.device)
-        step = ids.shape[1] == 1
+        step = ids.shape[1] == 1 and not all_logits
         if step:
-            binding.bind_ortvalue_output("logits", self._step_logits)
+            binding.bind_ortvalue_output("logits", self._step_value)
         else:
-            binding.bind_output("logits", "cpu")  # prefill: [b, s, V] on the host, once
+            binding.bind_output("logits", "cpu")  # prefill: [b, n, V] on the host, once
         self.session.run_with_iobinding(binding)
-        outputs = binding.get_outputs()
-        self.kv = [outputs[i] for i in self.kv_out]
         self.parity ^= 1
-        return self.step_logits[:, -1] if step else outputs[0].numpy()[:, -1]
+        if step:
+            return self.step_logits[:, -1]
+        logits = binding.get_outputs()[0].numpy()
+        return logits if all_logits else logits[:, -1]
+
+    def _host(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """(KV, current fixed set) as host arrays: the buffers themselves on the CPU."""
+        current = self.parity
+        if self.on_host:
+            return self._kv_host, self._fixed_host[current]
+        return [v.numpy() for v in self._kv_values], [v.numpy() for v in self._fixed_values[current]]
+
+    def grow(self, need: int) -> None:
+        super().grow(need)
+        kv, fixed = self._host()
+        kv = [_fit(x, s, self.capacity) for s, x in zip(self.kv, kv)]
+        fixed = [np.array(x) for x in fixed]
+        self._allocate(kv, [fixed, [np.empty_like(x) for x in fixed]])
+
+    def states(self) -> list[np.ndarray]:
+        kv, fixed = self._host()
+        by_name = {s.name: x for s, x in zip(self.kv, kv)} | {s.name: x for s, x in zip(self.fixed, fixed)}
+        return [np.array(by_name[s.name]) for s in self.pasts]
+
+    def fresh(self, batch: int) -> Stepper:
+        return BoundStepper(self.session, self.manifest, batch, self.capacity, self.device)
+
+    def set_row(self, row: int, states: list[np.ndarray], length: int) -> None:
+        new = {s.name: _fit(x, s, self.capacity)[0] for s, x in zip(self.pasts, states)}
+        kv, fixed = self._host()
+        for group, specs, values in ((kv, self.kv, self._kv_values), (fixed, self.fixed, self._fixed_values[self.parity])):
+            for s, x, value in zip(specs, group, values):
+                x[row] = new[s.name]
+                if not self.on_host:
+                    value.update_inplace(x)
+        self.lengths[row] = length
 
 
-def new_stepper(session: Any, manifest: Manifest, batch: int, device: tuple[str, int], io_binding: bool) -> Stepper:
-    """Fresh states for `batch` sequences: zero conv/ssm states, KV of length 0."""
+def new_stepper(
+    session: Any, manifest: Manifest, batch: int, device: tuple[str, int], io_binding: bool, capacity: int
+) -> Stepper:
+    """Fresh states for `batch` sequences: zero conv/ssm states, KV buffers of `capacity`
+    positions (regrown when a call needs more), lengths 0."""
     if io_binding:
-        return BoundStepper(session, manifest, batch, device)
-    return PlainStepper(session, manifest, batch)
+        return BoundStepper(session, manifest, batch, capacity, device)
+    return PlainStepper(session, manifest, batch, capacity)

@@ -153,20 +153,20 @@ def max_generation_bytes() -> int:
     return value
 
 
-def check_memory(manifest: Any, batch: int, length: int, prompt_width: int) -> None:
-    """Refuse a batch whose states (KV at `length` tokens) and prompt logits exceed the limit."""
+def check_memory(manifest: Any, batch: int, length: int) -> None:
+    """Refuse a batch whose states (KV buffers of `length` positions) exceed the limit."""
     from ..graphs.contract import state_bytes_per_sequence
 
     per_row = 0
     for spec in manifest.pasts:
         n = state_bytes_per_sequence(spec)
-        per_row += n * length if spec.grows else n
-    per_row += 4 * manifest.vocab_size * prompt_width  # float32 logits of every prompt position
+        per_row += n * length if spec.is_kv else n
+    per_row += 4 * manifest.vocab_size  # float32 logits of the last position
     need, limit = batch * per_row, max_generation_bytes()
     if need > limit:
         raise GenerationError(
-            f"a batch of {batch} rows up to {length} tokens needs about {need / 2**30:.2f} GiB of states and "
-            f"logits, above the limit of {limit / 2**30:.2f} GiB; split the batch, shorten the prompts or "
+            f"a batch of {batch} rows up to {length} tokens needs about {need / 2**30:.2f} GiB of states, "
+            f"above the limit of {limit / 2**30:.2f} GiB; split the batch, shorten the prompts or "
             "max_new_tokens, or raise $HYBRIDRT_MAX_GENERATION_BYTES"
         )
 
