@@ -268,8 +268,8 @@ def fast_scan(model: HybridForCausalLM) -> Iterator[None]:
 def logits_of(model: HybridForCausalLM, ids: torch.Tensor) -> torch.Tensor:
     """ids [b, l] -> logits [b, l, v] from a fresh state, on the device of ids."""
     b, l = ids.shape
-    states = [s.to(ids.device) for s in zero_states(model.config, b)]
-    return model(ids, torch.ones(b, l, dtype=torch.long, device=ids.device), None, states)[0]
+    states = [s.to(ids.device) for s in zero_states(model.config, b, l)]
+    return model(ids, torch.zeros(b, dtype=torch.long, device=ids.device), None, states)[0]
 
 
 @torch.no_grad()

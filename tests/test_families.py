@@ -1,7 +1,7 @@
 """One suite, run on every family of `family_checkpoints.BUILDERS` (a tiny random checkpoint
 of each, built with transformers): reference vs transformers, step-by-step decode and
-chunked prefill from a non-zero state equal to one full forward, left padding, ONNX export
-parity at several lengths, greedy tokens vs transformers' generate, batches vs single
+chunked prefill from a non-zero state equal to one full forward, rows of different lengths
+in one call, ONNX export parity at several lengths, greedy tokens vs transformers' generate, batches vs single
 prompts, and quantization. A new family adds a builder there and is tested by all of it."""
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from family_checkpoints import BUILDERS
 import hybridrt
 from hybridrt.errors import UnsupportedArchitectureError
 from hybridrt.graphs.contract import past_specs
-from hybridrt.graphs.feeds import position_ids
 from hybridrt.models.checkpoint import load_config, load_model
 from hybridrt.models.state import zero_states
 from hybridrt.quantization import quantize
@@ -88,10 +87,20 @@ def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _forward(model, ids, mask, states):  # type: ignore[no-untyped-def]
-    pos = torch.from_numpy(position_ids(mask.numpy(), ids.shape[1])) if model.config.uses_positions else None
+def _forward(model, ids, past, states):  # type: ignore[no-untyped-def]
+    """ids [b, l] after `past` tokens (an int, or one per row) held by `states`."""
+    lengths = torch.as_tensor(past, dtype=torch.long).expand(ids.shape[0]).contiguous()
     with torch.no_grad():
-        return model(ids, mask, pos, states)
+        return model(ids, lengths, None, states)
+
+
+def _fresh(model, batch: int, capacity: int = 80):  # type: ignore[no-untyped-def]
+    return zero_states(model.config, batch, capacity)
+
+
+def _valid(spec, x, n: int):  # type: ignore[no-untyped-def]
+    """A state as far as it is defined: KV buffers up to n positions."""
+    return x[:, :, :n] if spec.is_kv else x
 
 
 def _prompt(length: int, seed: int = 0) -> list[int]:
@@ -105,40 +114,45 @@ def test_reference_matches_transformers(ckpt: Path, length: int) -> None:
     model, _ = load_model(ckpt)
     hf = AutoModelForCausalLM.from_pretrained(ckpt).eval()
     ids = torch.randint(3, model.config.vocab_size, (2, length), generator=torch.Generator().manual_seed(length))
-    mask = torch.ones_like(ids)
-    logits, _ = _forward(model, ids, mask, zero_states(model.config, 2))
+    logits, _ = _forward(model, ids, 0, _fresh(model, 2, length))
     with torch.no_grad():
-        ref = hf(input_ids=ids, attention_mask=mask).logits
+        ref = hf(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     assert (logits - ref).abs().max().item() <= TOL
 
 
 def test_step_by_step_decode_equals_full_forward(ckpt: Path) -> None:
     model, _ = load_model(ckpt)
     ids = torch.randint(3, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
-    full, full_states = _forward(model, ids, torch.ones_like(ids), zero_states(model.config, 2))
-    logits, states = _forward(model, ids[:, :8], torch.ones(2, 8, dtype=torch.long), zero_states(model.config, 2))
+    full, full_states = _forward(model, ids, 0, _fresh(model, 2, 24))
+    logits, states = _forward(model, ids[:, :8], 0, _fresh(model, 2, 24))
     steps = [logits]
     for t in range(8, 24):
-        logits, states = _forward(model, ids[:, t : t + 1], torch.ones(2, t + 1, dtype=torch.long), states)
+        logits, states = _forward(model, ids[:, t : t + 1], t, states)
         steps.append(logits)
     assert (torch.cat(steps, dim=1) - full).abs().max().item() <= TOL
     for x, y in zip(states, full_states):
         assert (x - y).abs().max().item() <= TOL
 
 
-def test_left_padding_leaves_rows_unchanged(ckpt: Path) -> None:
-    """A left-padded row gives the logits and final states it gets alone."""
+def test_rows_of_different_lengths_share_a_call(ckpt: Path) -> None:
+    """Rows that have seen 5 and 11 tokens take 6 more in one call: each gets the logits and
+    states it gets alone (every row written and read at its own positions)."""
     model, _ = load_model(ckpt)
-    ids = torch.randint(3, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(3))
-    alone, alone_states = _forward(model, ids, torch.ones_like(ids), zero_states(model.config, 1))
-    padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), ids], dim=1)
-    mask = torch.cat([torch.zeros(1, 4, dtype=torch.long), torch.ones_like(ids)], dim=1)
-    out, states = _forward(model, padded, mask, zero_states(model.config, 1))
-    assert (out[:, 4:] - alone).abs().max().item() <= TOL
-    for spec, x, y in zip(past_specs(model.config), states, alone_states):
-        if spec.grows:  # KV keeps the padded rows (masked); compare the real ones
-            x = x[:, :, 4:]
-        assert (x - y).abs().max().item() <= TOL, spec.name
+    g = torch.Generator().manual_seed(3)
+    heads = [torch.randint(3, model.config.vocab_size, (1, n), generator=g) for n in (5, 11)]
+    tails = torch.randint(3, model.config.vocab_size, (2, 6), generator=g)
+    alone, carried = [], []
+    for r, head in enumerate(heads):
+        _, states = _forward(model, head, 0, _fresh(model, 1, 20))
+        carried.append(states)
+        alone.append(_forward(model, tails[r : r + 1], head.shape[1], states))
+    batch_states = [torch.cat([a, b]) for a, b in zip(*carried)]
+    out, states = _forward(model, tails, [5, 11], batch_states)
+    for r, (logits, row_states) in enumerate(alone):
+        assert (out[r : r + 1] - logits).abs().max().item() <= TOL
+        for spec, x, y in zip(past_specs(model.config), states, row_states):
+            n = (5, 11)[r] + 6
+            assert (_valid(spec, x[r : r + 1], n) - _valid(spec, y, n)).abs().max().item() <= TOL, spec.name
 
 
 @pytest.mark.parametrize("split", [1, 17, 40])
@@ -146,9 +160,9 @@ def test_chunked_prefill_equals_one_shot(ckpt: Path, split: int) -> None:
     """The second chunk starts from the first chunk's states (non-zero initial SSM state)."""
     model, _ = load_model(ckpt)
     ids = torch.randint(3, model.config.vocab_size, (2, 70), generator=torch.Generator().manual_seed(2))
-    full, full_states = _forward(model, ids, torch.ones_like(ids), zero_states(model.config, 2))
-    a, states = _forward(model, ids[:, :split], torch.ones(2, split, dtype=torch.long), zero_states(model.config, 2))
-    b, states = _forward(model, ids[:, split:], torch.ones(2, 70, dtype=torch.long), states)
+    full, full_states = _forward(model, ids, 0, _fresh(model, 2))
+    a, states = _forward(model, ids[:, :split], 0, _fresh(model, 2))
+    b, states = _forward(model, ids[:, split:], split, states)
     assert (torch.cat([a, b], dim=1) - full).abs().max().item() <= TOL
     for x, y in zip(states, full_states):
         assert (x - y).abs().max().item() <= TOL
@@ -157,7 +171,8 @@ def test_chunked_prefill_equals_one_shot(ckpt: Path, split: int) -> None:
 def test_export_parity_passes(exported: Path) -> None:
     parity = json.loads((exported / "hybridrt.json").read_text())["parity"]
     assert parity["passed"] is True
-    assert [c["seq"] for c in parity["prompt"]] == [1, 7, 64, 300]
+    assert [c["seq"] for c in parity["prompt"]] == [1, 7, 64, 300, 17]
+    assert parity["prompt"][-1]["pasts"] == [3, 9]  # rows of different lengths in one call
     assert 0 <= parity["max_abs_logits"] <= TOL and 0 <= parity["max_abs_state"] <= TOL
 
 
@@ -241,7 +256,7 @@ def test_granite_variants_match_transformers(tmp_path: Path, overrides: dict[str
     model, _ = load_model(ckpt)
     hf = AutoModelForCausalLM.from_pretrained(ckpt).eval()
     ids = torch.randint(3, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(4))
-    logits, _ = _forward(model, ids, torch.ones_like(ids), zero_states(model.config, 2))
+    logits, _ = _forward(model, ids, 0, _fresh(model, 2, 40))
     with torch.no_grad():
         ref = hf(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     assert (logits - ref).abs().max().item() <= TOL
@@ -307,4 +322,4 @@ def test_plain_op_mamba2_graph_bakes_in_no_chunk_count(
     graph = onnx.load(str(tmp_path / "out" / "model.onnx"))
     assert {n.domain for n in graph.graph.node} <= {"", "ai.onnx"}
     assert manifest.parity["passed"] is True and manifest.parity["max_abs_logits"] <= TOL
-    assert [c["seq"] for c in manifest.parity["prompt"]] == [1, 7, 64, 300]
+    assert [c["seq"] for c in manifest.parity["prompt"]] == [1, 7, 64, 300, 17]

@@ -95,7 +95,9 @@ def measure_parity(
     ids = torch.randint(0, cfg.vocab_size, (2, 17), generator=g)
     args = feeds(model, ids, pasts, states)
     e_logits, e_states = _errors(runner(args), ref(args), kv, pasts.numpy() + 17)
-    report["prompt"].append({"batch": 2, "seq": 17, "pasts": [3, 9], "max_abs_logits": e_logits, "max_abs_state": e_states})
+    report["prompt"].append(
+        {"batch": 2, "seq": 17, "pasts": [3, 9], "max_abs_logits": e_logits, "max_abs_state": e_states}
+    )
     states_r = states_g = states
     worst = [0.0, 0.0]
     for _ in range(DECODE_STEPS + 1):

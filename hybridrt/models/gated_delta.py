@@ -101,9 +101,8 @@ class GatedDeltaNet(nn.Module):
             q = q.repeat_interleave(self.rep, dim=2)
             k = k.repeat_interleave(self.rep, dim=2)
         v = v.reshape(bsz, l, self.H, self.V).float()
-        # Padding: g = 0 and beta = 0 make the step the identity.
-        beta = torch.sigmoid(b.float()) * m.unsqueeze(-1)
-        g = -torch.exp(self.A_log.float()) * F.softplus(a.float() + self.dt_bias) * m.unsqueeze(-1)
+        beta = torch.sigmoid(b.float())
+        g = -torch.exp(self.A_log.float()) * F.softplus(a.float() + self.dt_bias)
         y, ssm_state = gated_delta(q, k, v, g, beta, ssm_state, self.chunk, self.max_len)
         y = self.norm(y.to(x.dtype), z)  # [b, l, H, V]
         return self.out_proj(y.reshape(bsz, l, self.value_dim)), conv_state, ssm_state

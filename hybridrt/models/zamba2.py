@@ -27,8 +27,8 @@ from torch import nn
 from ..config import HybridConfig
 from .context import MixerContext
 from .layers import RMSNorm, activation, apply_rope
-from .ops import kv_attention
 from .mamba2 import Mamba2Mixer
+from .ops import kv_attention
 
 KIND = "zamba2_hybrid"
 

@@ -123,9 +123,7 @@ class PlainStepper(Stepper):
 class BoundStepper(Stepper):
     """States on the session's device, bound with IO binding (see the module docstring)."""
 
-    def __init__(
-        self, session: Any, manifest: Manifest, batch: int, capacity: int, device: tuple[str, int]
-    ) -> None:
+    def __init__(self, session: Any, manifest: Manifest, batch: int, capacity: int, device: tuple[str, int]) -> None:
         super().__init__(session, manifest, batch, capacity)
         self.device = device
         self.on_host = device[0] == "cpu"
@@ -215,7 +213,10 @@ class BoundStepper(Stepper):
     def set_row(self, row: int, states: list[np.ndarray], length: int) -> None:
         new = {s.name: _fit(x, s, self.capacity)[0] for s, x in zip(self.pasts, states)}
         kv, fixed = self._host()
-        for group, specs, values in ((kv, self.kv, self._kv_values), (fixed, self.fixed, self._fixed_values[self.parity])):
+        for group, specs, values in (
+            (kv, self.kv, self._kv_values),
+            (fixed, self.fixed, self._fixed_values[self.parity]),
+        ):
             for s, x, value in zip(specs, group, values):
                 x[row] = new[s.name]
                 if not self.on_host:

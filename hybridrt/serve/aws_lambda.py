@@ -290,7 +290,8 @@ def _run(state: Loaded, p: Params, chat: bool) -> dict[str, Any]:
                 if cfg.seed is not None and j:  # as the engine: choice j of a prompt samples with seed + j
                     cfg = dataclasses.replace(cfg, seed=(cfg.seed + j) % 2**63)
                 stats = GenerationStats()
-                for _ in model._steps(model._new_stepper(1), [row], cfg, stats):
+                stepper = model._new_stepper(1, model.capacity_for([row], cfg))
+                for _ in model._steps(stepper, [row], cfg, stats):
                     pass
                 tokens = stats.tokens[0]
                 text = decode(model.tokenizer, tokens) if model.tokenizer is not None else ""

@@ -3,12 +3,11 @@
 The engine keeps one Rows for the decode batch and one per request being prefilled. Rows
 join (`extend`) and leave (`take`) between steps; nothing is recomputed when they do.
 
-Shapes: b = rows, s = new tokens this call, P = past length (KV columns, left padding
-included), V = vocabulary. Each row's real tokens are the last `count[r]` of the P columns
-(left padding), so the attention mask is derived from `count` and never stored:
-mask[r] = [0] * (P - count[r]) + [1] * count[r]. SSM and conv states have a fixed size per
-row; KV tensors [b, kv_heads, P, head_dim] are padded on the left to the longest row when
-rows join, and trimmed when the longest row leaves.
+Shapes: b = rows, s = new tokens this call, C = KV capacity, V = vocabulary. Row r has seen
+`count[r]` tokens; its keys and values sit at positions 0 .. count[r]-1 of its KV buffers
+(the graph writes each row at its own length), so rows of any lengths share a call. SSM and
+conv states have a fixed size per row; KV buffers [b, kv_heads, C, head_dim] are widened
+(zero positions on the right, doubling) when a row needs more room.
 """
 
 from __future__ import annotations
@@ -37,24 +36,20 @@ class Graph:
         m = model.manifest
         return cls(model.inference_session, tuple(m.inputs), tuple(m.pasts), int(m.vocab_size))
 
-    def kv_axis(self, spec: TensorSpec) -> int | None:
-        """The axis that grows per token (KV), or None for a fixed-size state."""
-        return next((i for i, d in enumerate(spec.dims) if d in ("past_len", "total_len")), None)
-
 
 class Rows:
-    """States [b, ...] of `b` sequences, `length` = P columns of past, `count` [b] real tokens."""
+    """States [b, ...] of `b` sequences, KV buffers of `capacity` positions, `count` [b] tokens seen."""
 
-    def __init__(self, graph: Graph, states: list[np.ndarray], length: int, count: np.ndarray) -> None:
+    def __init__(self, graph: Graph, states: list[np.ndarray], capacity: int, count: np.ndarray) -> None:
         self.graph = graph
         self.states = states
-        self.length = length
+        self.capacity = capacity
         self.count = count
 
     @classmethod
-    def fresh(cls, graph: Graph, batch: int = 1) -> Rows:
-        states = list(zero_states(graph.pasts, batch).values())  # in the order of graph.pasts
-        return cls(graph, states, 0, np.zeros(batch, dtype=np.int64))
+    def fresh(cls, graph: Graph, batch: int = 1, capacity: int = 0) -> Rows:
+        states = list(zero_states(graph.pasts, batch, capacity).values())  # in the order of graph.pasts
+        return cls(graph, states, capacity, np.zeros(batch, dtype=np.int64))
 
     @property
     def batch(self) -> int:
@@ -64,63 +59,60 @@ class Rows:
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.states)
 
-    def mask(self, extra: int = 0) -> np.ndarray:
-        """[b, P + extra] int64: 1 for each row's real tokens (and `extra` new ones)."""
-        cols = np.arange(self.length)[None, :]
-        past = (cols >= self.length - self.count[:, None]).astype(np.int64)
-        return np.concatenate([past, np.ones((self.batch, extra), np.int64)], axis=1)
-
     def run(self, ids: np.ndarray) -> np.ndarray:
-        """Feed ids [b, s] (no padding inside a call); returns last-position logits [b, V]."""
+        """Feed ids [b, s] (s new tokens for every row); returns last-position logits [b, V]."""
         s = ids.shape[1]
+        self.reserve(int(self.count.max(initial=0)) + s)
         states = {spec.name: x for spec, x in zip(self.graph.pasts, self.states)}
-        feeds = graph_feeds(self.graph.inputs, ids, self.mask(s), states)  # positions: count + arange
+        feeds = graph_feeds(self.graph.inputs, ids, self.count, states)
         logits, *self.states = self.graph.session.run(None, feeds)
-        self.length += s
         self.count = self.count + s
         return logits[:, -1]
 
+    def reserve(self, need: int) -> None:
+        """KV buffers of at least `need` positions (doubling, so widening is rare)."""
+        if need > self.capacity:
+            self._widen(max(need, 2 * self.capacity))
+
+    def _widen(self, capacity: int) -> None:
+        self.states = [_pad_kv(x, spec, capacity) for spec, x in zip(self.graph.pasts, self.states)]
+        self.capacity = capacity
+
     def take(self, keep: list[int]) -> None:
-        """Keep only rows `keep` (in that order); drop past columns that only padded the others."""
-        count = self.count[keep]
-        length = int(count.max()) if len(count) else 0
-        start = self.length - length
-        states = []
-        for spec, x in zip(self.graph.pasts, self.states):
-            x = x[keep]
-            axis = self.graph.kv_axis(spec)
-            if axis is not None and start:
-                x = np.take(x, np.arange(start, self.length), axis=axis)
-            states.append(x)
-        self.states, self.length, self.count = states, length, count
+        """Keep only rows `keep` (in that order)."""
+        self.states = [x[keep] for x in self.states]
+        self.count = self.count[keep]
 
     def extend(self, other: Rows) -> None:
-        """Append other's rows after ours, left-padding the shorter past."""
-        length = max(self.length, other.length)
-        states = []
-        for spec, a, b in zip(self.graph.pasts, self.states, other.states):
-            axis = self.graph.kv_axis(spec)
-            if axis is not None:
-                a, b = _left_pad(a, axis, length), _left_pad(b, axis, length)
-            states.append(np.concatenate([a, b], axis=0))
-        self.states, self.length = states, length
+        """Append other's rows after ours (KV buffers widened to the larger capacity)."""
+        capacity = max(self.capacity, other.capacity)
+        self._widen(capacity)
+        other = other.copy()
+        other._widen(capacity)
+        self.states = [np.concatenate([a, b], axis=0) for a, b in zip(self.states, other.states)]
         self.count = np.concatenate([self.count, other.count])
 
     def row(self, r: int) -> Rows:
-        """A copy of row r alone, without padding (for the prefix cache)."""
-        one = Rows(self.graph, [np.array(x[r : r + 1]) for x in self.states], self.length, self.count[r : r + 1])
-        one.take([0])
-        one.states = [np.ascontiguousarray(x) for x in one.states]
-        return one
+        """A copy of row r alone, its KV cut to the positions it holds (for the prefix cache)."""
+        n = int(self.count[r])
+        states = [
+            np.ascontiguousarray(_cut_kv(x[r : r + 1], spec, n)) for spec, x in zip(self.graph.pasts, self.states)
+        ]
+        return Rows(self.graph, states, n, self.count[r : r + 1].copy())
 
     def copy(self) -> Rows:
-        return Rows(self.graph, [x.copy() for x in self.states], self.length, self.count.copy())
+        return Rows(self.graph, [x.copy() for x in self.states], self.capacity, self.count.copy())
 
 
-def _left_pad(x: np.ndarray, axis: int, length: int) -> np.ndarray:
-    missing = length - x.shape[axis]
-    if missing == 0:
+def _pad_kv(x: np.ndarray, spec: TensorSpec, capacity: int) -> np.ndarray:
+    axis = spec.kv_axis
+    if axis is None or x.shape[axis] >= capacity:
         return x
     widths = [(0, 0)] * x.ndim
-    widths[axis] = (missing, 0)
+    widths[axis] = (0, capacity - x.shape[axis])
     return np.pad(x, widths)
+
+
+def _cut_kv(x: np.ndarray, spec: TensorSpec, n: int) -> np.ndarray:
+    axis = spec.kv_axis
+    return x if axis is None else np.take(x, np.arange(n), axis=axis)

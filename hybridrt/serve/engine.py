@@ -202,7 +202,7 @@ class Engine:
             req.counts = np.zeros(self.graph.vocab, dtype=np.float32)
         hit = self.cache.get(req.prompt)
         if hit is None:
-            req.rows = Rows.fresh(self.graph)
+            req.rows = Rows.fresh(self.graph, 1, len(req.prompt) + req.cfg.max_new_tokens)
             self.metrics.cache_misses.inc()
             return
         n, entry = hit
@@ -220,7 +220,7 @@ class Engine:
         req.fed += len(chunk)
         if req.fed == len(req.prompt):
             if self.cache.enabled:
-                self.cache.put(req.prompt, req.rows.copy(), logits)
+                self.cache.put(req.prompt, req.rows.row(0), logits)
             self._prefilled(req, logits)
 
     def _prefilled(self, req: Request, logits: np.ndarray) -> None:
