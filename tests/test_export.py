@@ -14,7 +14,7 @@ import hybridrt
 from hybridrt.export.onnx_export import check_graph
 from hybridrt.export.trace import GraphModule, dynamic_shapes, example_inputs, feeds
 from hybridrt.export.validate import measure_parity, ort_runner, torch_runner
-from hybridrt.graphs.contract import input_specs, output_specs
+from hybridrt.graphs.contract import input_specs, output_specs, past_specs
 from hybridrt.graphs.manifest import read_manifest
 from hybridrt.models.checkpoint import load_model
 from hybridrt.models.state import zero_states
@@ -24,18 +24,26 @@ UNSEEN = (1, 3, 33, 129)  # the graph was traced at length 5
 
 
 def _compare(model, run, length: int, past: int = 0) -> float:  # type: ignore[no-untyped-def]
+    """Worst difference over logits and states; with `past`, rows have seen past and past + 4
+    tokens (random states); KV buffers compared where they hold tokens."""
     g = torch.Generator().manual_seed(length)
     cfg = model.config
     ids = torch.randint(0, cfg.vocab_size, (2, length), generator=g)
-    mask = torch.ones(2, past + length, dtype=torch.long)
-    states = zero_states(cfg, 2, past if "attention" in cfg.layer_types else 0)
-    states = [s.normal_(generator=g) * 0.5 for s in states]
-    args = feeds(model, ids, mask, states)
+    pasts = torch.tensor([past, past + 4]) if past else torch.zeros(2, dtype=torch.long)
+    states = zero_states(cfg, 2, int(pasts.max()) + length + 3)
+    if past:
+        states = [s.normal_(generator=g) * 0.5 for s in states]
+    args = feeds(model, ids, pasts, states)
     with torch.no_grad():
-        logits, ref_states = model(args[0], args[1], args[2] if cfg.rope_theta else None, states)
+        logits, *ref_states = GraphModule(model)(*args)
     out = run(args)
     errs = [np.abs(out[0] - logits.numpy()).max()]
-    errs += [np.abs(o - r.numpy()).max() for o, r in zip(out[1:], ref_states)]
+    ends = (pasts + length).numpy()
+    for spec, o, r in zip(past_specs(cfg), out[1:], ref_states):
+        d = np.abs(o - r.numpy())
+        if spec.is_kv:
+            d = d * (np.arange(d.shape[2])[None, :] < ends[:, None])[:, None, :, None]
+        errs.append(d.max())
     return float(max(errs))
 
 
@@ -51,7 +59,7 @@ def test_onnx_matches_reference_at_unseen_lengths(onnx_dir: Path, length: int) -
 def test_manifest_records_passing_parity(onnx_dir: Path) -> None:
     parity = read_manifest(onnx_dir).parity
     assert parity["passed"] is True
-    assert [c["seq"] for c in parity["prompt"]] == [1, 7, 64, 300]
+    assert [c["seq"] for c in parity["prompt"]] == [1, 7, 64, 300, 17]
     assert parity["decode"]["steps"] == 16
     assert 0 <= parity["max_abs_logits"] <= TOL
 
@@ -122,8 +130,8 @@ def test_torch_graph_matches_reference(jamba_dir: Path, tmp_path: Path, fmt: str
 def test_contract_lists_states_per_layer_kind(jamba_dir: Path) -> None:
     model, _ = load_model(jamba_dir)
     names = [s.name for s in input_specs(model.config)]
-    assert names[:2] == ["input_ids", "attention_mask"]
-    assert names[2:6] == ["past.0.conv", "past.0.ssm", "past.1.key", "past.1.value"]
+    assert names[:3] == ["input_ids", "past_lengths", "logit_positions"]
+    assert names[3:7] == ["past.0.conv", "past.0.ssm", "past.1.key", "past.1.value"]
     outs = [s.name for s in output_specs(model.config)]
     assert outs[0] == "logits" and outs[1] == "present.0.conv"
 
@@ -134,7 +142,7 @@ def test_full_parity_measurement_fails_a_wrong_graph(jamba_dir: Path) -> None:
 
     def wrong(args):  # type: ignore[no-untyped-def]
         with torch.no_grad():
-            logits, states = model(args[0], args[1], None, list(args[2:]))
+            logits, *states = GraphModule(model)(*args)
         return [logits.numpy() + 1e-3] + [s.numpy() for s in states]
 
     report = measure_parity(model, wrong, lengths=(7,))

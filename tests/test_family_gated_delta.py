@@ -132,4 +132,4 @@ def test_export_routes_gated_delta_through_linear_attention(tmp_path: Path, fuse
     else:
         assert rules == [] and {n.domain for n in graph.graph.node} <= {"", "ai.onnx"}
     assert manifest.parity["passed"] is True and manifest.parity["max_abs_logits"] <= TOL
-    assert [c["seq"] for c in manifest.parity["prompt"]] == [1, 7, 64, 300]
+    assert [c["seq"] for c in manifest.parity["prompt"]] == [1, 7, 64, 300, 17]

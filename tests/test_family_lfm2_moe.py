@@ -10,18 +10,14 @@ import torch
 from family_checkpoints import make_lfm2_moe
 from safetensors.torch import load_file, save_file
 
-from hybridrt.graphs.feeds import position_ids
 from hybridrt.models.checkpoint import load_model
-from hybridrt.models.state import zero_states
 
 TOL = 1e-4
 
 
 def _logits(model, ids):  # type: ignore[no-untyped-def]
-    mask = torch.ones_like(ids)
-    pos = torch.from_numpy(position_ids(mask.numpy(), ids.shape[1]))
     with torch.no_grad():
-        return model(ids, mask, pos, zero_states(model.config, ids.shape[0]))[0]
+        return model(ids)[0]
 
 
 @pytest.mark.parametrize(

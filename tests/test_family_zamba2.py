@@ -13,15 +13,13 @@ from family_checkpoints import make_zamba2
 from hybridrt.models.checkpoint import load_model
 from hybridrt.models.mamba2 import Mamba2Mixer
 from hybridrt.models.model import HybridForCausalLM
-from hybridrt.models.state import zero_states
 
 TOL = 1e-4
 
 
 def _logits(model: HybridForCausalLM, ids: torch.Tensor) -> torch.Tensor:
-    pos = torch.arange(ids.shape[1]).expand_as(ids)
     with torch.no_grad():
-        return model(ids, torch.ones_like(ids), pos, zero_states(model.config, ids.shape[0]))[0]
+        return model(ids)[0]
 
 
 def _transformers(ckpt: Path, ids: torch.Tensor) -> torch.Tensor:

@@ -8,27 +8,37 @@ import numpy as np
 import pytest
 
 from hybridrt.graphs.contract import TensorSpec
-from hybridrt.graphs.feeds import graph_feeds, position_ids
+from hybridrt.graphs.feeds import graph_feeds, state_shape, zero_states
 from hybridrt.graphs.files import atomic_directory
 
 IDS = TensorSpec("input_ids", ("batch", "seq"), "int64", "input_ids")
-MASK = TensorSpec("attention_mask", ("batch", "total_len"), "int64", "attention_mask")
-POS = TensorSpec("position_ids", ("batch", "seq"), "int64", "position_ids")
+LENGTHS = TensorSpec("past_lengths", ("batch",), "int64", "past_lengths")
+LOGITS = TensorSpec("logit_positions", ("n_logits",), "int64", "logit_positions")
+KEY = TensorSpec("past.0.key", ("batch", 2, "capacity", 8), "float32", "key", 0)
+CONV = TensorSpec("past.1.conv", ("batch", 4, 3), "float32", "conv", 1)
 
 
-def test_positions_skip_left_padding_and_continue_after_the_past() -> None:
-    mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=np.int64)
-    assert position_ids(mask, 2).tolist() == [[1, 2], [3, 4]]
-    assert position_ids(mask, 5).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+def test_feeds_hold_past_lengths_only_where_the_graph_declares_them() -> None:
+    ids = np.array([[7, 8], [5, 6]], dtype=np.int64)
+    state = {"past.1.conv": np.zeros((2, 4, 3), np.float32)}
+    with_kv = graph_feeds([IDS, LENGTHS, LOGITS], ids, np.array([3, 9]), state)
+    assert list(with_kv) == ["input_ids", "logit_positions", "past_lengths", "past.1.conv"]
+    assert with_kv["past_lengths"].tolist() == [3, 9]
+    assert graph_feeds([IDS, LENGTHS, LOGITS], ids, 4, state)["past_lengths"].tolist() == [4, 4]
+    assert list(graph_feeds([IDS, LOGITS], ids, 0, state)) == ["input_ids", "logit_positions", "past.1.conv"]
 
 
-def test_feeds_hold_positions_only_where_the_graph_declares_them() -> None:
-    ids, mask = np.array([[7, 8]], dtype=np.int64), np.ones((1, 5), dtype=np.int64)
-    state = {"past.0.conv": np.zeros((1, 4, 3), np.float32)}
-    with_pos = graph_feeds([IDS, MASK, POS], ids, mask, state)
-    assert list(with_pos) == ["input_ids", "attention_mask", "position_ids", "past.0.conv"]
-    assert with_pos["position_ids"].tolist() == [[3, 4]]
-    assert list(graph_feeds([IDS, MASK], ids, mask, state)) == ["input_ids", "attention_mask", "past.0.conv"]
+def test_logit_positions_are_the_last_or_every_position() -> None:
+    ids = np.zeros((1, 5), dtype=np.int64)
+    assert graph_feeds([IDS, LOGITS], ids, 0, {})["logit_positions"].tolist() == [4]
+    assert graph_feeds([IDS, LOGITS], ids, 0, {}, all_logits=True)["logit_positions"].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_kv_buffers_take_the_capacity_and_other_states_their_fixed_size() -> None:
+    assert KEY.is_kv and KEY.kv_axis == 2 and not CONV.is_kv
+    assert state_shape(KEY, 3, 40) == (3, 2, 40, 8) and state_shape(CONV, 3, 40) == (3, 4, 3)
+    zeros = zero_states([KEY, CONV], 2, 16)
+    assert zeros["past.0.key"].shape == (2, 2, 16, 8) and not zeros["past.0.key"].any()
 
 
 def test_atomic_directory_leaves_the_old_directory_on_error(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import toy_kind
 import hybridrt
 from hybridrt.config import HybridConfig
 from hybridrt.graphs.contract import input_specs, output_specs, past_specs
-from hybridrt.kinds import FFN_KINDS, KEY, LAYER_KINDS, LENGTH, LayerKind, layer_kind, register_kind
+from hybridrt.kinds import CAPACITY, FFN_KINDS, KEY, LAYER_KINDS, LayerKind, layer_kind, register_kind
 from hybridrt.models.registry import FAMILIES, Family, register
 
 
@@ -34,7 +34,7 @@ def test_every_kind_declares_a_module_or_none_and_its_states() -> None:
         assert kind.name == name and kind.summary
         assert kind.module is None or ":" in kind.module
         assert len({s.name for s in kind.states}) == len(kind.states)
-    assert layer_kind("attention").states[0] is KEY and LENGTH in KEY.dims(_cfg(("attention",)))
+    assert layer_kind("attention").states[0] is KEY and CAPACITY in KEY.dims(_cfg(("attention",)))
     assert FFN_KINDS["none"] is None
     with pytest.raises(ValueError, match="unknown mixer kind 'nope'"):
         layer_kind("nope")
@@ -50,7 +50,7 @@ def test_contract_follows_the_table(toy_registered: None) -> None:
     cfg = _cfg(("ema", "attention", "mamba2", "none"))
     pasts = [(s.name, s.dims) for s in past_specs(cfg)]
     assert pasts[0] == ("past.0.ema", ("batch", 16))
-    assert pasts[1] == ("past.1.key", ("batch", 2, "past_len", 8))
+    assert pasts[1] == ("past.1.key", ("batch", 2, "capacity", 8))
     assert [n for n, _ in pasts[3:]] == ["past.2.conv", "past.2.ssm"]  # the "none" layer has no state
     assert [s.name for s in output_specs(cfg)][1] == "present.0.ema"
     assert "past.0.ema" in [s.name for s in input_specs(cfg)]

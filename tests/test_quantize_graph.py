@@ -27,7 +27,10 @@ def test_default_keep_float_list_and_state_rules(jamba_graph: onnx.GraphProto) -
     default = select_nodes(jamba_graph, QuantConfig(), JAMBA_KINDS)
     kept = set(default.excluded)
     assert {"/model/layers.0/mixer/dt_proj/MatMul", "/model/layers.1/ffn/router/MatMul"} <= kept
-    assert "/model/layers.1/mixer/MatMul" in kept  # attention over the KV cache: no constant weight
+    # Attention over the KV buffers is one GroupQueryAttention node (no weight): never selected.
+    cores = [n.name for n in jamba_graph.node if n.op_type == "GroupQueryAttention"]
+    assert cores == ["/model/layers.1/mixer/GroupQueryAttention", "/model/layers.3/mixer/GroupQueryAttention"]
+    assert not set(cores) & (set(default.quantize) | set(default.vocab))
     assert "/model/layers.0/mixer/in_proj/MatMul" in default.quantize
     assert "mamba layer" in default.excluded["/model/layers.0/mixer/dt_proj/MatMul"]
 
@@ -69,7 +72,13 @@ def test_int8_static_keeps_gated_inputs_float(jamba_graph: onnx.GraphProto) -> N
 def test_dropping_the_default_list_keeps_the_state_rules(jamba_graph: onnx.GraphProto) -> None:
     bare = select_nodes(jamba_graph, QuantConfig(keep_float_default=False))
     assert "/model/layers.0/mixer/dt_proj/MatMul" in bare.quantize
-    assert "/model/layers.1/mixer/MatMul" in bare.excluded  # the state rules hold regardless
+    # The state rules hold regardless: a MatMul of two activations (attention in a plain-op
+    # graph) is never quantized.
+    a, b = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 2]) for n in "ab")
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])
+    node = helper.make_node("MatMul", ["a", "b"], ["y"], name="/model/layers.1/mixer/MatMul")
+    plain = select_nodes(helper.make_graph([node], "g", [a, b], [y]), QuantConfig(keep_float_default=False))
+    assert "/model/layers.1/mixer/MatMul" in plain.excluded and not plain.quantize
 
 
 def test_tied_lm_head_gets_a_private_weight() -> None:

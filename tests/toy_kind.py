@@ -30,9 +30,8 @@ class EmaMixer(nn.Module):
         self.chunk, self.max_len = cfg.scan_chunk, cfg.max_position_embeddings
 
     def forward(self, x: torch.Tensor, ctx: MixerContext, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        m = ctx.mask.unsqueeze(-1).to(x.dtype)  # padding: a = 1, u = 0 leaves h unchanged
-        a = torch.sigmoid(self.decay_logit) * m + (1 - m)
-        u = (1 - a) * self.proj(x) * m
+        a = torch.sigmoid(self.decay_logit).expand_as(x)
+        u = (1 - a) * self.proj(x)
         h, last = linear_scan(a, u, state, self.chunk, self.max_len)
         return h, last
 

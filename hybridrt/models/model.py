@@ -116,9 +116,10 @@ class HybridForCausalLM(nn.Module):
                 x = x + self._residual(h)
             if block.ffn is not None and block.ffn_norm is not None:
                 x = x + self._residual(block.ffn(block.ffn_norm(x)))
+        x = self.model.norm(x)  # before the selection, so the final residual Add fuses into it
         if logit_positions is not None:
             x = x.index_select(1, logit_positions)  # only these positions reach the LM head
-        logits = self.lm_head(self.model.norm(x))
+        logits = self.lm_head(x)
         if cfg.logits_scaling != 1.0:
             logits = logits / cfg.logits_scaling
         return logits, out
