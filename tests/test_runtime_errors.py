@@ -55,6 +55,18 @@ def test_manifest_input_name_not_in_graph(copy: Path) -> None:
         hybridrt.load(copy)
 
 
+def test_directory_of_the_growing_kv_contract_asks_for_a_re_export(copy: Path) -> None:
+    """Schema 1 graphs (KV grown per token, attention mask in) are refused with the fix."""
+
+    def old(d: dict) -> None:  # type: ignore[type-arg]
+        d["schema_version"] = 1
+        d["inputs"][1] = {"name": "attention_mask", "dims": ["batch", "total_len"], "dtype": "int64", "kind": "attention_mask"}
+
+    _edit_manifest(copy, old)
+    with pytest.raises(hybridrt.GraphError, match=r"schema version 1.*Re-export the model: hybridrt export"):
+        hybridrt.load(copy)
+
+
 def test_manifest_rank_not_matching_graph(copy: Path) -> None:
     _edit_manifest(copy, lambda d: d["outputs"][1].update(dims=["batch", 64]))
     with pytest.raises(hybridrt.GraphError, match="present.0.conv has rank 3"):
