@@ -60,7 +60,12 @@ def test_directory_of_the_growing_kv_contract_asks_for_a_re_export(copy: Path) -
 
     def old(d: dict) -> None:  # type: ignore[type-arg]
         d["schema_version"] = 1
-        d["inputs"][1] = {"name": "attention_mask", "dims": ["batch", "total_len"], "dtype": "int64", "kind": "attention_mask"}
+        d["inputs"][1] = {
+            "name": "attention_mask",
+            "dims": ["batch", "total_len"],
+            "dtype": "int64",
+            "kind": "attention_mask",
+        }
 
     _edit_manifest(copy, old)
     with pytest.raises(hybridrt.GraphError, match=r"schema version 1.*Re-export the model: hybridrt export"):

@@ -8,6 +8,12 @@ Shapes: b = rows, s = new tokens this call, C = KV capacity, V = vocabulary. Row
 (the graph writes each row at its own length), so rows of any lengths share a call. SSM and
 conv states have a fixed size per row; KV buffers [b, kv_heads, C, head_dim] are widened
 (zero positions on the right, doubling) when a row needs more room.
+
+A call binds the states in place (IO binding over the numpy arrays, which the OrtValues
+alias): each KV buffer is both past and present, so the graph writes the new keys and
+values into it and a decode step copies no KV; the fixed-size states alternate between the
+array and a spare of the same shape. The bindings are built again only when the arrays
+change (a row joins or leaves, a buffer widens).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..graphs.contract import TensorSpec
+from ..graphs.contract import TensorSpec, present_name
 from ..graphs.feeds import graph_feeds, zero_states
 from ..runtime.model import Model
 
@@ -42,9 +48,18 @@ class Rows:
 
     def __init__(self, graph: Graph, states: list[np.ndarray], capacity: int, count: np.ndarray) -> None:
         self.graph = graph
-        self.states = states
         self.capacity = capacity
         self.count = count
+        self.states = states
+
+    @property
+    def states(self) -> list[np.ndarray]:
+        return self._states
+
+    @states.setter
+    def states(self, states: list[np.ndarray]) -> None:
+        self._states = [np.ascontiguousarray(x) for x in states]
+        self._bindings: list[Any] = []  # built by the next run over these arrays
 
     @classmethod
     def fresh(cls, graph: Graph, batch: int = 1, capacity: int = 0) -> Rows:
@@ -63,11 +78,39 @@ class Rows:
         """Feed ids [b, s] (s new tokens for every row); returns last-position logits [b, V]."""
         s = ids.shape[1]
         self.reserve(int(self.count.max(initial=0)) + s)
-        states = {spec.name: x for spec, x in zip(self.graph.pasts, self.states)}
-        feeds = graph_feeds(self.graph.inputs, ids, self.count, states)
-        logits, *self.states = self.graph.session.run(None, feeds)
+        if not self._bindings:
+            self._bind()
+        binding = self._bindings[self._parity]
+        for name, value in graph_feeds(self.graph.inputs, ids, self.count, {}).items():
+            binding.bind_cpu_input(name, value)
+        binding.bind_output("logits", "cpu")
+        self.graph.session.run_with_iobinding(binding)
+        logits = binding.get_outputs()[0].numpy()
+        for i in self._spares:  # the fixed-size states were written into the spares
+            self._states[i], self._spares[i] = self._spares[i], self._states[i]
+        self._parity ^= 1
         self.count = self.count + s
         return logits[:, -1]
+
+    def _bind(self) -> None:
+        """Two IOBindings over the current arrays and spares of the fixed-size states: binding
+        k reads set k and writes set 1 - k; a KV buffer is input and output of both."""
+        import onnxruntime as ort
+
+        session = self.graph.session
+        self._spares = {
+            i: np.empty_like(x) for i, (spec, x) in enumerate(zip(self.graph.pasts, self._states)) if not spec.is_kv
+        }
+        sets = [list(self._states), [self._spares.get(i, x) for i, x in enumerate(self._states)]]
+        values = [[ort.OrtValue.ortvalue_from_numpy(x) for x in group] for group in sets]
+        self._values = values  # the OrtValues alias the arrays; keep them alive with the bindings
+        self._bindings = [session.io_binding(), session.io_binding()]
+        for k, binding in enumerate(self._bindings):
+            binding.bind_output("logits", "cpu")  # first: get_outputs() keeps the order of first binding
+            for i, spec in enumerate(self.graph.pasts):
+                binding.bind_ortvalue_input(spec.name, values[k][i])
+                binding.bind_ortvalue_output(present_name(spec.name), values[k if spec.is_kv else 1 - k][i])
+        self._parity = 0
 
     def reserve(self, need: int) -> None:
         """KV buffers of at least `need` positions (doubling, so widening is rare)."""
@@ -95,9 +138,8 @@ class Rows:
     def row(self, r: int) -> Rows:
         """A copy of row r alone, its KV cut to the positions it holds (for the prefix cache)."""
         n = int(self.count[r])
-        states = [
-            np.ascontiguousarray(_cut_kv(x[r : r + 1], spec, n)) for spec, x in zip(self.graph.pasts, self.states)
-        ]
+        # Copies: the arrays are written in place by later calls.
+        states = [np.array(_cut_kv(x[r : r + 1], spec, n)) for spec, x in zip(self.graph.pasts, self.states)]
         return Rows(self.graph, states, n, self.count[r : r + 1].copy())
 
     def copy(self) -> Rows:
