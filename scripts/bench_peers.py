@@ -1,0 +1,283 @@
+"""The standard workload on the shared bench configs, hybridrt beside its peers, in one run.
+
+python scripts/bench_peers.py --configs ../shared/bench/configs --work build/bench --out docs/bench
+
+For each config (jamba-125m, granite-h-125m, llama-125m): a seeded random-weight checkpoint,
+its hybridrt export (float) and quantizations (int8-dynamic, int4), then, each in its own
+process (so peak RSS is its own): decode tokens/s after a 128-token prompt (batch 1, 128
+greedy tokens), prefill ms at 128 and 1,900 tokens, decode tokens/s after the 1,900-token
+prompt, batch-8 aggregate decode tokens/s, peak RSS, and the nodes of one decode step (the
+session-optimized graph). Peers where installed: PyTorch eager (transformers generate),
+onnxruntime-genai (llama only; `pip install onnxruntime-genai`) and llama.cpp through
+llama-cpp-python (GGUF from its converter; see ../shared/bench/README.md); a peer that is
+not installed is listed as such. Figures go to OUT/bench.json, OUT/bench.md and OUT/bench.png.
+Run on a quiet machine: 2 threads everywhere (`--threads`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+MODES = ("float", "int8-dynamic", "int4")
+SHORT, LONG, NEW, BATCH = 128, 1900, 128, 8
+
+
+def _prompt(vocab: int, n: int, rows: int = 1, seed: int = 0) -> list[list[int]]:
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(3, vocab, (rows, n)).tolist()
+
+
+def prepare(config: Path, work: Path) -> dict[str, Path]:
+    """Checkpoint, export and quantizations of one config (reused when present)."""
+    name = config.stem
+    ckpt = work / name / "hf"
+    if not (ckpt / "config.json").exists():
+        subprocess.run([sys.executable, "scripts/make_bench_checkpoint.py", str(config), "-o", str(ckpt)], check=True)
+    dirs = {"float": work / name / "float"}
+    if not (dirs["float"] / "hybridrt.json").exists():
+        import hybridrt
+
+        hybridrt.export_model(ckpt, dirs["float"])
+    for mode in MODES[1:]:
+        dirs[mode] = work / name / mode
+        if not (dirs[mode] / "hybridrt.json").exists():
+            from hybridrt.quantization import quantize
+
+            quantize(dirs["float"], dirs[mode], mode)
+    return dirs | {"hf": ckpt}
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure_hybridrt(directory: str, threads: int) -> dict[str, Any]:
+    """Runs in a child process: the workload on one exported directory."""
+    import onnxruntime as ort
+
+    import hybridrt
+
+    model = hybridrt.load(directory, threads=threads)
+    vocab = model.manifest.vocab_size
+    greedy = {"do_sample": False, "max_new_tokens": NEW, "min_new_tokens": NEW}
+    model.generate(_prompt(vocab, 16), max_new_tokens=4, min_new_tokens=4, do_sample=False)  # warm-up
+    out: dict[str, Any] = {}
+    runs = [model.generate_with_stats(_prompt(vocab, SHORT, seed=s), **greedy)[1] for s in range(3)]
+    out["decode_tok_s"] = statistics.median(r.decode_tokens_per_s for r in runs)
+    out["prefill_128_ms"] = statistics.median(r.prefill_ms for r in runs)
+    long = [model.generate_with_stats(_prompt(vocab, LONG, seed=s), **greedy)[1] for s in range(2)]
+    out["prefill_1900_ms"] = statistics.median(r.prefill_ms for r in long)
+    out["decode_1900_tok_s"] = statistics.median(r.decode_tokens_per_s for r in long)
+    batch = model.generate_with_stats(_prompt(vocab, SHORT, BATCH), **greedy)[1]
+    out["batch8_tok_s"] = batch.decode_tokens_per_s
+    out["peak_rss_mb"] = _peak_rss_mb()
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.optimized_model_filepath = os.path.join(directory, ".optimized.onnx")
+    ort.InferenceSession(os.path.join(directory, model.manifest.graph_file), opts, providers=["CPUExecutionProvider"])
+    import onnx
+
+    out["decode_nodes"] = len(onnx.load(opts.optimized_model_filepath, load_external_data=False).graph.node)
+    os.unlink(opts.optimized_model_filepath)
+    return out
+
+
+def measure_torch(checkpoint: str, threads: int) -> dict[str, Any]:
+    """Runs in a child process: transformers generate, PyTorch eager, fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    vocab = model.config.vocab_size
+    kw = {"do_sample": False, "max_new_tokens": NEW, "min_new_tokens": NEW}
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        ids = torch.tensor(_prompt(vocab, SHORT))
+        model.generate(ids[:, :8], max_new_tokens=2)
+        t0 = time.perf_counter()
+        model(ids)
+        out["prefill_128_ms"] = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        model.generate(ids, **kw)
+        total = time.perf_counter() - t0
+        out["decode_tok_s"] = NEW / max(total - out["prefill_128_ms"] / 1e3, 1e-9)
+    out["peak_rss_mb"] = _peak_rss_mb()
+    return out
+
+
+def measure_genai(directory: str, threads: int) -> dict[str, Any]:
+    """Runs in a child process: onnxruntime-genai's generator on its own export."""
+    import onnxruntime_genai as og
+
+    model = og.Model(directory)
+    out: dict[str, Any] = {}
+    ids = _prompt(32000, SHORT)[0]
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=SHORT + NEW, min_length=SHORT + NEW)
+    gen = og.Generator(model, params)
+    t0 = time.perf_counter()
+    gen.append_tokens(ids)
+    out["prefill_128_ms"] = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    n = 0
+    while not gen.is_done():
+        gen.generate_next_token()
+        n += 1
+    out["decode_tok_s"] = n / (time.perf_counter() - t0)
+    out["peak_rss_mb"] = _peak_rss_mb()
+    return out
+
+
+def measure_llama_cpp(gguf: str, threads: int) -> dict[str, Any]:
+    """Runs in a child process: llama.cpp through llama-cpp-python, greedy, batch 1."""
+    import llama_cpp
+    import numpy as np
+
+    llm = llama_cpp.Llama(gguf, n_ctx=SHORT + NEW + LONG, n_threads=threads, n_batch=512, verbose=False)
+    vocab = llm.n_vocab()
+    out: dict[str, Any] = {}
+    for label, n in (("128", SHORT), ("1900", LONG)):
+        llm.reset()
+        ids = _prompt(vocab, n)[0]
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        out[f"prefill_{label}_ms"] = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        for _ in range(NEW):
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(vocab,))
+            llm.eval([int(logits.argmax())])
+        rate = NEW / (time.perf_counter() - t0)
+        out["decode_tok_s" if label == "128" else "decode_1900_tok_s"] = rate
+    out["peak_rss_mb"] = _peak_rss_mb()
+    return out
+
+
+def child(kind: str, path: str, threads: int) -> dict[str, Any]:
+    """One measurement in a fresh process (its own peak RSS); errors come back as text."""
+    code = (
+        "import json, sys; sys.path.insert(0, 'scripts'); import bench_peers as b; "
+        f"print('RESULT' + json.dumps(b.measure_{kind}({path!r}, {threads})))"
+    )
+    env = os.environ | {"OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT"):
+            return dict(json.loads(line[6:]))
+    return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+
+
+def installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    cols = [
+        ("decode_tok_s", "decode tok/s"),
+        ("decode_1900_tok_s", "decode @1900"),
+        ("prefill_128_ms", "prefill 128 ms"),
+        ("prefill_1900_ms", "prefill 1900 ms"),
+        ("batch8_tok_s", "batch 8 tok/s"),
+        ("peak_rss_mb", "peak RSS MB"),
+        ("decode_nodes", "nodes/step"),
+    ]
+    lines = ["| model | runtime | mode | " + " | ".join(c[1] for c in cols) + " |", "|---" * (len(cols) + 3) + "|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['runtime']} | {r['mode']} | {r['error']} |" + " |" * (len(cols) - 1))
+            continue
+        cells = [f"{r[k]:.1f}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k, _ in cols]
+        lines.append(f"| {r['model']} | {r['runtime']} | {r['mode']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if "decode_tok_s" in r]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    labels = [f"{r['model']}\n{r['runtime']} {r['mode']}" for r in ok]
+    ax.bar(range(len(ok)), [r["decode_tok_s"] for r in ok], label="128-token context")
+    ax.bar(
+        range(len(ok)),
+        [r.get("decode_1900_tok_s", 0) for r in ok],
+        width=0.4,
+        label="1,900-token context",
+        alpha=0.8,
+    )
+    ax.set_xticks(range(len(ok)), labels, rotation=70, fontsize=7)
+    ax.set_ylabel("decode tokens/s (batch 1, 2 threads)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", type=Path, default=Path("../shared/bench/configs"))
+    ap.add_argument("--models", nargs="*", default=["jamba-125m", "granite-h-125m", "llama-125m"])
+    ap.add_argument("--work", type=Path, default=Path("build/bench"))
+    ap.add_argument("--out", type=Path, default=Path("build/bench"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--modes", nargs="*", default=list(MODES))
+    ap.add_argument("--gguf", nargs="*", default=[], help="NAME=PATH.gguf for llama.cpp (q8_0, q4_0 files)")
+    ap.add_argument("--genai", nargs="*", default=[], help="NAME=DIR of onnxruntime-genai exports")
+    ap.add_argument("--no-torch", action="store_true", help="skip PyTorch eager")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for name in args.models:
+        dirs = prepare(args.configs / f"{name}.json", args.work)
+        for mode in args.modes:
+            r = child("hybridrt", str(dirs[mode]), args.threads)
+            rows.append({"model": name, "runtime": "hybridrt", "mode": mode} | r)
+            print(json.dumps(rows[-1]), flush=True)
+        if not args.no_torch:
+            rows.append(
+                {"model": name, "runtime": "pytorch eager", "mode": "fp32"}
+                | child("torch", str(dirs["hf"]), args.threads)
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    for spec in args.gguf:
+        label, path = spec.split("=", 1)
+        model, mode = label.rsplit(":", 1) if ":" in label else (label, Path(path).stem)
+        r = (
+            child("llama_cpp", path, args.threads)
+            if installed("llama_cpp")
+            else {"error": "llama-cpp-python not installed"}
+        )
+        rows.append({"model": model, "runtime": "llama.cpp", "mode": mode} | r)
+        print(json.dumps(rows[-1]), flush=True)
+    for spec in args.genai:
+        label, path = spec.split("=", 1)
+        model, mode = label.rsplit(":", 1) if ":" in label else (label, "")
+        r = (
+            child("genai", path, args.threads)
+            if installed("onnxruntime_genai")
+            else {"error": "onnxruntime-genai not installed"}
+        )
+        rows.append({"model": model, "runtime": "onnxruntime-genai", "mode": mode} | r)
+        print(json.dumps(rows[-1]), flush=True)
+    (args.out / "bench.json").write_text(json.dumps(rows, indent=2))
+    (args.out / "bench.md").write_text(table(rows) + "\n")
+    plot(rows, args.out / "bench.png")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
