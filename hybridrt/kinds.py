@@ -61,7 +61,8 @@ def _kv(cfg: HybridConfig) -> tuple[Dim, ...]:
 KEY = StateDecl("key", _kv)
 VALUE = StateDecl("value", _kv)
 MAMBA2_CONV = StateDecl("conv", lambda c: (c.mamba2_conv_dim, c.mamba_d_conv - 1))
-MAMBA2_SSM = StateDecl("ssm", lambda c: (c.mamba2_heads, c.mamba2_head_dim, c.mamba_d_state))
+# [heads, d_state, head_dim]: onnxruntime LinearAttention's own layout (no Transpose per step)
+MAMBA2_SSM = StateDecl("ssm", lambda c: (c.mamba2_heads, c.mamba_d_state, c.mamba2_head_dim))
 
 LAYER_KINDS: dict[str, LayerKind] = {}
 FFN_KINDS: dict[str, str | None] = {}

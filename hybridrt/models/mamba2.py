@@ -38,7 +38,7 @@ class GatedRMSNorm(nn.Module):
 
 
 class Mamba2Mixer(nn.Module):
-    """x [b, l, d], conv [b, conv_dim, k-1], ssm [b, H, P, n] -> (y [b, l, d], conv', ssm')."""
+    """x [b, l, d], conv [b, conv_dim, k-1], ssm [b, H, n, P] -> (y [b, l, d], conv', ssm')."""
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()

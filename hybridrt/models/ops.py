@@ -10,8 +10,8 @@ LibTorch and ExecuTorch load them without hybridrt.
 
 `ssd_scan` is the Mamba2 recurrence h_t = exp(g_t) h_{t-1} + x_t B_t^T, y_t = h_t C_t with
 a scalar decay g per head; in ONNX it is one `LinearAttention` node with a decay of shape
-[b, l, H] (k = B, v = dt x, q = C, scale 1), whose state layout [b, H, n, P] is the
-transpose of the contract's [b, H, P, n].
+[b, l, H] (k = B, v = dt x, q = C, scale 1). The contract keeps the state in that node's
+layout, [b, H, n, P], so a step transposes nothing; the PyTorch scan works in [b, H, P, n].
 
 `gated_delta` is the Gated DeltaNet rule S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t -
 exp(g_t) S_{t-1}^T k_t)^T, o_t = S_t^T q_t (delta_scan.gated_delta_scan); in ONNX it is one
@@ -109,8 +109,8 @@ def _ssd_scan_op(
     chunk: int,
     max_len: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    y, h = _ssd_reference(xdt, log_decay, B, C, h0, chunk, max_len)
-    return y.contiguous(), h.contiguous()
+    y, h = _ssd_reference(xdt, log_decay, B, C, h0.transpose(-1, -2), chunk, max_len)
+    return y.contiguous(), h.transpose(-1, -2).contiguous()
 
 
 @_ssd_scan_op.register_fake
@@ -127,10 +127,12 @@ def ssd_scan(
     chunk: int,
     max_len: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """xdt [b, l, H, P], log_decay [b, l, H], B, C [b, l, H, n], h0 [b, H, P, n] -> y, h (see scan.ssd_scan)."""
+    """xdt [b, l, H, P], log_decay [b, l, H], B, C [b, l, H, n], h0 [b, H, n, P] -> y [b, l, H, P],
+    h [b, H, n, P] (scan.ssd_scan, in the state layout of the graph contract)."""
     if _FUSED:
         return _ssd_scan_op(xdt, log_decay, B, C, h0, chunk, max_len)
-    return _ssd_reference(xdt, log_decay, B, C, h0, chunk, max_len)
+    y, h = _ssd_reference(xdt, log_decay, B, C, h0.transpose(-1, -2), chunk, max_len)
+    return y, h.transpose(-1, -2)
 
 
 @torch.library.custom_op("hybridrt::gated_delta", mutates_args=())
@@ -361,19 +363,18 @@ def onnx_translations() -> dict[object, object]:
     def ssd_scan_onnx(xdt, log_decay, B, C, h0, chunk, max_len):  # type: ignore[no-untyped-def]
         H = xdt.shape[2]
         packed = op.Constant(value_ints=[0, 0, -1])
-        past = op.Transpose(h0, perm=[0, 1, 3, 2])  # [b, H, n, P]
         y, state = linear_attention(
             op.Reshape(C, packed),
             op.Reshape(B, packed),
             op.Reshape(xdt, packed),
-            past,
+            h0,
             log_decay,
             update_rule="gated",
             q_num_heads=H,
             kv_num_heads=H,
             scale=1.0,
         )
-        return op.Reshape(y, op.Shape(xdt)), op.Transpose(state, perm=[0, 1, 3, 2])
+        return op.Reshape(y, op.Shape(xdt)), state
 
     def gated_delta_onnx(q, k, v, g, beta, s0, chunk, max_len):  # type: ignore[no-untyped-def]
         H = v.shape[2]

@@ -45,7 +45,7 @@ class FalconH1Mamba(Mamba2Mixer):
     in_proj output times a per-part vector (z, x, B, C, dt), out_proj bias from
     `mamba2_out_bias`, and the gated norm optional (none: y * silu(z)) or normalizing first.
 
-    x [b, l, d], conv [b, conv_dim, k-1], ssm [b, H, P, n] -> (y [b, l, d], conv', ssm')."""
+    x [b, l, d], conv [b, conv_dim, k-1], ssm [b, H, n, P] -> (y [b, l, d], conv', ssm')."""
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__(cfg, layer, shared)
@@ -88,7 +88,7 @@ class ParallelHybrid(nn.Module):
     """attn_out * attention(x * attn_in) + ssm_out * mamba(x), on the same normed x.
 
     x [b, l, d], ctx (past_lengths, cos/sin), past_k/past_v [b, h_kv, C, hd], conv [b, conv_dim, k-1],
-    ssm [b, H, P, n] -> (y [b, l, d], k', v' [b, h_kv, C, hd], conv', ssm').
+    ssm [b, H, n, P] -> (y [b, l, d], k', v' [b, h_kv, C, hd], conv', ssm').
     The key multiplier is the config's attention_multiplier (it scales the scores alike).
     """
 
