@@ -174,3 +174,33 @@ def test_plain_ops_graph_matches_reference(jamba_dir: Path, tmp_path: Path) -> N
     run = ort_runner(tmp_path / "out" / "model.onnx", model)
     for length in UNSEEN:
         assert _compare(model, run, length) <= TOL
+
+
+def test_rotary_runs_inside_group_query_attention(tmp_path: Path) -> None:
+    """Head and rotary sizes onnxruntime's kernel takes: q and k rotate inside the fused node
+    (llama3-scaled frequencies included), exactly, and greedy decoding equals transformers."""
+    from checkpoints import make_llama
+    from transformers import AutoModelForCausalLM
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    src = make_llama(
+        tmp_path / "src",
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        rope_scaling=scaling | {"original_max_position_embeddings": 64},
+    )
+    manifest = hybridrt.export_model(src, tmp_path / "out")
+    assert manifest.parity["passed"] is True and manifest.parity["max_abs_logits"] <= TOL
+    nodes = onnx.load(str(tmp_path / "out" / "model.onnx")).graph.node
+    attention = [n for n in nodes if n.op_type == "GroupQueryAttention"]
+    assert len(attention) == 2
+    assert all({a.name: a.i for a in n.attribute}["do_rotary"] == 1 for n in attention)
+    prompt = list(range(5, 30))
+    hf = AutoModelForCausalLM.from_pretrained(src).eval()
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
+    out = hybridrt.load(tmp_path / "out").generate(prompt, max_new_tokens=16, do_sample=False)
+    assert out == ref[0, len(prompt) :].tolist()

@@ -13,11 +13,15 @@ class MixerContext(NamedTuple):
 
     past_lengths [b]        tokens each row's states have seen (None when no layer attends):
                             attention writes its new KV there and reads everything before
-    cos/sin      [b, l, rd] rotary tables (None when the model uses no positions)
+    cos/sin      [b, l, rd] rotary tables of this call's positions (None when the model
+                            uses no positions)
     embeds       [b, l, d]  the (scaled) input embeddings, for kinds that re-read them
+    rope_cache   ([max_len, rd/2] cos, sin) of every position, when the model keeps them:
+                            fused attention then rotates inside its operator
     """
 
     past_lengths: torch.Tensor | None
     cos: torch.Tensor | None
     sin: torch.Tensor | None
     embeds: torch.Tensor
+    rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -13,7 +13,7 @@ from torch import nn
 
 from ..config import HybridConfig
 from .context import MixerContext
-from .ops import kv_attention
+from .ops import apply_rope, attend, rotate_half  # noqa: F401  (re-exported)
 
 
 class RMSNorm(nn.Module):
@@ -106,20 +106,6 @@ def rope_inv_freq(cfg: HybridConfig) -> torch.Tensor:
     return inv
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [b, h, l, hd], cos/sin [b, 1, l, rd]: rotate the first rd dims, pass the rest."""
-    rd = cos.shape[-1]
-    if rd == x.shape[-1]:
-        return x * cos + rotate_half(x) * sin
-    rot, rest = x[..., :rd], x[..., rd:]
-    return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)
-
-
 class Attention(nn.Module):
     """Grouped-query causal attention with optional RoPE over fixed-size KV buffers.
 
@@ -148,8 +134,6 @@ class Attention(nn.Module):
         self, x: torch.Tensor, ctx: MixerContext, past_k: torch.Tensor, past_v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, l, _ = x.shape
-        cos, sin = ctx.cos, ctx.sin
-        assert ctx.past_lengths is not None
         gate = None
         if self.output_gate:
             q, gate = self.q_proj(x).view(b, l, self.h, 2 * self.hd).chunk(2, dim=-1)
@@ -160,10 +144,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, l, self.h_kv, self.hd).transpose(1, 2)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        if cos is not None and sin is not None:
-            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y, k, v = kv_attention(q, k, v, past_k, past_v, ctx.past_lengths, self.scale)
+        y, k, v = attend(q, k, v, past_k, past_v, ctx, self.scale)
         if gate is not None:
             y = y * torch.sigmoid(gate)
         return self.o_proj(y), k, v

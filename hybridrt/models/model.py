@@ -29,6 +29,11 @@ def _resolve(path: str) -> type[nn.Module]:
     return cast(type[nn.Module], getattr(importlib.import_module(module), name))
 
 
+# Rotary tables up to this many values (positions x rotary dims, cos and sin alike) are
+# always kept; larger ones only while they stay under 1% of the parameters.
+ROPE_TABLE_MIN = 1 << 20
+
+
 class Block(nn.Module):
     """Pre-norm residual block: x + mixer(norm(x)), then x + ffn(norm(x))."""
 
@@ -78,8 +83,19 @@ class HybridForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.inv_freq: torch.Tensor | None
+        self.rope_cos: torch.Tensor | None
+        self.rope_sin: torch.Tensor | None
+        self.register_buffer("rope_cos", None, persistent=False)
+        self.register_buffer("rope_sin", None, persistent=False)
         if cfg.uses_positions:
             self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+            # cos/sin of every position, for attention that rotates inside its fused operator;
+            # left out where they would outweigh a small model (then q and k rotate before it).
+            n_params = sum(p.numel() for p in self.parameters())
+            if cfg.max_position_embeddings * cfg.rotary_dim <= max(ROPE_TABLE_MIN, n_params // 100):
+                freqs = torch.arange(cfg.max_position_embeddings).float().unsqueeze(1) * self.inv_freq
+                self.register_buffer("rope_cos", freqs.cos(), persistent=False)
+                self.register_buffer("rope_sin", freqs.sin(), persistent=False)
         else:
             self.inv_freq = None
 
@@ -103,7 +119,8 @@ class HybridForCausalLM(nn.Module):
         if self.inv_freq is not None and cfg.has_attention:
             positions = past_lengths.unsqueeze(1) + torch.arange(l, device=input_ids.device)  # [b, l]
             cos, sin = rope_cos_sin(self.inv_freq, positions)
-        ctx = MixerContext(past_lengths if cfg.has_attention else None, cos, sin, x)
+        tables = (self.rope_cos, self.rope_sin) if self.rope_cos is not None and self.rope_sin is not None else None
+        ctx = MixerContext(past_lengths if cfg.has_attention else None, cos, sin, x, tables)
         out: list[torch.Tensor] = []
         i = 0
         for layer in self.model.layers:

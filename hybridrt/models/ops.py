@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .context import MixerContext
 from .delta_scan import gated_delta_scan as _gated_delta_reference
 from .scan import linear_scan
 from .scan import ssd_scan as _ssd_reference
@@ -214,6 +215,26 @@ def causal_conv(
     return _causal_conv_reference(x, conv_state, weight, bias, silu)
 
 
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [b, h, l, hd], cos/sin [b, 1, l, rd]: rotate the first rd dims, pass the rest."""
+    rd = cos.shape[-1]
+    if rd == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    rot, rest = x[..., :rd], x[..., rd:]
+    return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)
+
+
+def _rope_at(cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """A [max_len, rd/2] table at positions pos [b, l] -> [b, 1, l, rd] (both halves)."""
+    half = cache[pos]
+    return torch.cat([half, half], dim=-1).unsqueeze(1)
+
+
 def grouped_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -238,11 +259,17 @@ def _kv_attention_reference(
     past_v: torch.Tensor,
     past_lengths: torch.Tensor,
     scale: float,
+    cos_cache: torch.Tensor | None = None,
+    sin_cache: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [b, h, l, hd], k, v [b, h_kv, l, hd], past_k/v [b, h_kv, C, hd], past_lengths [b]
-    -> (y [b, l, h hd], present_k/v [b, h_kv, C, hd])."""
+    -> (y [b, l, h hd], present_k/v [b, h_kv, C, hd]); with the rotary tables, q and k are
+    rotated here at their positions."""
     b, h_kv, l, hd = k.shape
     pos = past_lengths.unsqueeze(1) + torch.arange(l, device=k.device)  # [b, l] absolute positions
+    if cos_cache is not None and sin_cache is not None:
+        cos, sin = _rope_at(cos_cache, pos), _rope_at(sin_cache, pos)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     index = pos[:, None, :, None].expand(b, h_kv, l, hd)
     present_k, present_v = past_k.scatter(2, index, k), past_v.scatter(2, index, v)
     # Query at position p sees keys 0..p; a finite minimum (not -inf) keeps the softmax NaN-free.
@@ -261,6 +288,8 @@ def _kv_attention_op(
     past_v: torch.Tensor,
     past_lengths: torch.Tensor,
     scale: float,
+    cos_cache: torch.Tensor | None,
+    sin_cache: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [b, l, h hd], k, v [b, l, h_kv hd] (token-major, as GroupQueryAttention takes them)."""
     b, l, _ = q.shape
@@ -274,18 +303,23 @@ def _kv_attention_op(
         past_v,
         past_lengths,
         scale,
+        cos_cache,
+        sin_cache,
     )
     return y.contiguous(), pk.contiguous(), pv.contiguous()
 
 
 @_kv_attention_op.register_fake
-def _(q, k, v, past_k, past_v, past_lengths, scale):  # type: ignore[no-untyped-def]
+def _(q, k, v, past_k, past_v, past_lengths, scale, cos_cache, sin_cache):  # type: ignore[no-untyped-def]
     return torch.empty_like(q), torch.empty_like(past_k), torch.empty_like(past_v)
 
 
 # onnxruntime's CPU GroupQueryAttention takes head sizes that are multiples of 8; other
-# sizes keep the plain-op attention (same contract, KV written by ScatterElements).
+# sizes keep the plain-op attention (same contract, KV written by ScatterElements). Its
+# rotary needs head and rotary sizes that are multiples of 16; otherwise q and k are rotated
+# before the node.
 GQA_HEAD_MULTIPLE = 8
+GQA_ROTARY_MULTIPLE = 16
 
 
 def kv_attention(
@@ -304,6 +338,47 @@ def kv_attention(
     present_v [b, h_kv, C, hd]) with the new keys and values at past_lengths .. +l-1.
     Positions past a row's length are never read, so a buffer needs no clearing.
     """
+    return _attention(q, k, v, past_k, past_v, past_lengths, scale, None)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    past_k: torch.Tensor,
+    past_v: torch.Tensor,
+    ctx: MixerContext,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kv_attention for a mixer: q, k not yet rotated; the rotary of ctx (if any) is applied
+    here, inside the fused operator where it can run there."""
+    assert ctx.past_lengths is not None, "attention needs past_lengths"
+    hd = q.shape[-1]
+    tables = ctx.rope_cache
+    if (
+        tables is not None
+        and _FUSED
+        and hd % GQA_ROTARY_MULTIPLE == 0
+        and (2 * tables[0].shape[-1]) % GQA_ROTARY_MULTIPLE == 0
+    ):
+        return _attention(q, k, v, past_k, past_v, ctx.past_lengths, scale, tables)
+    if ctx.cos is not None and ctx.sin is not None:
+        cos, sin = ctx.cos.unsqueeze(1), ctx.sin.unsqueeze(1)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    return _attention(q, k, v, past_k, past_v, ctx.past_lengths, scale, None)
+
+
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    past_k: torch.Tensor,
+    past_v: torch.Tensor,
+    past_lengths: torch.Tensor,
+    scale: float,
+    tables: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    cos_cache, sin_cache = tables if tables is not None else (None, None)
     b, h, l, hd = q.shape
     if _FUSED and hd % GQA_HEAD_MULTIPLE == 0:
         h_kv = k.shape[1]
@@ -315,8 +390,10 @@ def kv_attention(
             past_v,
             past_lengths,
             scale,
+            cos_cache,
+            sin_cache,
         )
-    return _kv_attention_reference(q, k, v, past_k, past_v, past_lengths, scale)
+    return _kv_attention_reference(q, k, v, past_k, past_v, past_lengths, scale, cos_cache, sin_cache)
 
 
 def onnx_translations() -> dict[object, object]:
@@ -455,11 +532,12 @@ def onnx_translations() -> dict[object, object]:
             OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, ""),
             OpSchema.Attribute("kv_num_heads", OpSchema.AttrType.INT, ""),
             OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, ""),
+            OpSchema.Attribute("do_rotary", OpSchema.AttrType.INT, ""),
         ],
     )
     group_query_attention = values.Op(values.Opset("com.microsoft", 1), "GroupQueryAttention", gqa_schema)
 
-    def kv_attention_onnx(q, k, v, past_k, past_v, past_lengths, scale):  # type: ignore[no-untyped-def]
+    def kv_attention_onnx(q, k, v, past_k, past_v, past_lengths, scale, cos_cache, sin_cache):  # type: ignore[no-untyped-def]
         # seqlens_k = tokens after the call - 1 per row; query_seqlens = new tokens per row (all
         # rows alike: the contract has no padding inside a call); the total is an upper bound.
         h_kv, hd = past_k.shape[1], past_k.shape[3]
@@ -478,8 +556,8 @@ def onnx_translations() -> dict[object, object]:
             past_v,
             seqlens_k,
             total,
-            None,
-            None,
+            cos_cache,
+            sin_cache,
             None,
             None,
             None,
@@ -491,6 +569,7 @@ def onnx_translations() -> dict[object, object]:
             num_heads=heads,
             kv_num_heads=h_kv,
             scale=scale,
+            do_rotary=0 if cos_cache is None else 1,
         )
 
     return {

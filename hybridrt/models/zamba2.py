@@ -26,9 +26,9 @@ from torch import nn
 
 from ..config import HybridConfig
 from .context import MixerContext
-from .layers import RMSNorm, activation, apply_rope
+from .layers import RMSNorm, activation
 from .mamba2 import Mamba2Mixer
-from .ops import kv_attention
+from .ops import attend
 
 KIND = "zamba2_hybrid"
 
@@ -110,11 +110,7 @@ class Zamba2Hybrid(nn.Module):
         q = q.view(b, l, self.h, self.hd).transpose(1, 2)
         k = k.view(b, l, self.h_kv, self.hd).transpose(1, 2)
         v = v.view(b, l, self.h_kv, self.hd).transpose(1, 2)
-        if ctx.cos is not None and ctx.sin is not None:
-            cos, sin = ctx.cos.unsqueeze(1), ctx.sin.unsqueeze(1)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        assert ctx.past_lengths is not None
-        y, k, v = kv_attention(q, k, v, past_k, past_v, ctx.past_lengths, self.scale)
+        y, k, v = attend(q, k, v, past_k, past_v, ctx, self.scale)
         return proj.o_proj(y), k, v
 
     def forward(
