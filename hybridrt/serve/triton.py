@@ -311,7 +311,7 @@ def _write_graph(src: Path, dst: Path, batched: bool) -> None:
     for name, _, dtype in CONTROLS:
         if name in names:
             raise DeployError(f"{src} already has an input named {name}, which Triton's sequence controls need")
-        shape = [BATCH, 1] if batched else [1]
+        shape: list[str | int] = [BATCH, 1] if batched else [1]
         model.graph.input.append(helper.make_tensor_value_info(name, kinds[dtype], shape))
     onnx.save_model(model, str(dst))  # keeps the loaded ir_version and the external data references
     for location in sorted(_external_files(model)):
