@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -254,3 +256,14 @@ def test_fixed_size_kv_errors(jamba_onnx: Path) -> None:
         plan(dataclasses.replace(manifest, format="torchscript"), TritonOptions())
     with pytest.raises(DeployError, match="at least one instance"):
         plan(manifest, TritonOptions(instances=0))
+
+
+def test_runtime_only_install_names_the_extra(mamba2_onnx: Path, tmp_path: Path) -> None:
+    """Editing the graph needs onnx: without it, one line naming the extra and nothing written."""
+    code = "import sys\nsys.modules['onnx'] = None\nfrom hybridrt.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    argv = ["triton", str(mamba2_onnx), "-o", str(tmp_path / "repo")]
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "pip install 'hybridrt[export]'" in done.stderr
+    assert not (tmp_path / "repo" / "mamba2").exists() and list((tmp_path / "repo").glob(".*")) == []

@@ -50,6 +50,6 @@ def run(args: argparse.Namespace) -> int:
         args.name, args.max_batch_size, args.kv_capacity, args.gpu, args.instances, args.idle_seconds
     )
     target = write_repository(model_dir(args.model), args.output, options, force=args.force)
-    print(f"wrote {target} (config.pbtxt, {target.name}/1/model.onnx); start Triton with:")
-    print(f"  tritonserver --model-repository {target.parent.resolve()}")
+    print(f"wrote {target}: config.pbtxt, 1/model.onnx, hybridrt/ (tokenizer and manifest for clients)")
+    print(f"serve it with: tritonserver --model-repository {target.parent.resolve()}")
     return 0
