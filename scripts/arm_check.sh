@@ -109,7 +109,7 @@ stage_tree() {
     # A copy of hybridrt, the chosen tests and the models inside the rootfs; a conftest that
     # gives the fixtures the x86 exports instead of exporting (which needs torch).
     rm -rf "$ROOTFS/src" && mkdir -p "$ROOTFS/src/tests"
-    cp -r "$ROOT/hybridrt" "$ROOT/scripts" "$ROOT/pyproject.toml" "$ROOTFS/src/"
+    cp -r "$ROOT/hybridrt" "$ROOT/scripts" "$ROOT/pyproject.toml" "$ROOT/README.md" "$ROOTFS/src/"
     for t in $TESTS $HELPERS; do cp "$ROOT/tests/$t" "$ROOTFS/src/tests/"; done
     rm -rf "$ROOTFS/models" && cp -r "$WORK/models" "$ROOTFS/models"
     cat > "$ROOTFS/src/tests/conftest.py" <<'EOF'
