@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +23,7 @@ import hybridrt
 from hybridrt.cli import main
 from hybridrt.errors import DeployError
 from hybridrt.graphs.contract import TensorSpec
-from hybridrt.graphs.manifest import Manifest, read_manifest
+from hybridrt.graphs.manifest import MANIFEST, Manifest, read_manifest
 from hybridrt.serve.triton import DATA_TYPES, TritonOptions, config_text, plan, write_repository
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +55,25 @@ def as_dict(config: Any) -> dict[str, Any]:
     return json_format.MessageToDict(config, preserving_proto_field_name=True)
 
 
+def batchable(manifest: Manifest) -> bool:
+    """Triton can batch the graph: every non-state input has a leading batch dim (today's
+    contract; the fixed-size KV contract's logit_positions [n] has none)."""
+    return all(s.dims[:1] == ("batch",) for s in manifest.inputs if not s.name.startswith("past."))
+
+
+def growing_copy(model: Path, tmp: Path) -> Path:
+    """A copy of an exported directory whose KV states grow per token, whichever contract the
+    export used: the graph contract before fixed-size KV."""
+    out = tmp / "growing"
+    shutil.copytree(model, out)
+    data = json.loads((out / MANIFEST).read_text())
+    for spec in data["inputs"] + data["outputs"]:
+        grown = "past_len" if spec["name"].startswith("past.") else "total_len"
+        spec["dims"] = [grown if d in ("capacity", "past_len", "total_len") else d for d in spec["dims"]]
+    (out / MANIFEST).write_text(json.dumps(data))
+    return out
+
+
 def load_example() -> ModuleType:
     spec = importlib.util.spec_from_file_location("triton_client", ROOT / "examples" / "triton_client.py")
     assert spec is not None and spec.loader is not None
@@ -67,7 +88,10 @@ def test_repository_layout_and_config(mamba2_onnx: Path, tmp_path: Path) -> None
     assert sorted(p.name for p in target.iterdir()) == ["1", "config.pbtxt", "hybridrt"]
     assert (target / "hybridrt" / "tokenizer.json").is_file() and (target / "hybridrt" / "hybridrt.json").is_file()
     config = parse((target / "config.pbtxt").read_text())
-    assert config.name == "tiny" and config.backend == "onnxruntime" and config.max_batch_size == 8
+    manifest = read_manifest(mamba2_onnx)
+    batched = batchable(manifest)
+    assert config.name == "tiny" and config.backend == "onnxruntime"
+    assert config.max_batch_size == (8 if batched else 0)
     assert config.WhichOneof("scheduling_choice") == "sequence_batching"
     batching = config.sequence_batching
     assert batching.WhichOneof("strategy_choice") == "direct"
@@ -77,27 +101,27 @@ def test_repository_layout_and_config(mamba2_onnx: Path, tmp_path: Path) -> None
     [group] = config.instance_group
     assert group.count == 2 and group.kind == group.KIND_CPU
 
-    manifest = read_manifest(mamba2_onnx)
     assert [s.input_name for s in batching.state] == [s.name for s in manifest.pasts]
     data_type = config.DESCRIPTOR.fields_by_name["input"].message_type.fields_by_name["data_type"].enum_type
     for state, past in zip(batching.state, manifest.pasts):
         assert state.output_name == past.name.replace("past.", "present.", 1)
         assert data_type.values_by_number[state.data_type].name == DATA_TYPES[past.dtype]
-        assert list(state.dims) == list(past.dims[1:])  # the batch dim is Triton's
+        assert list(state.dims) == ([] if batched else [1]) + list(past.dims[1:])  # the batch dim is Triton's
         [initial] = state.initial_state
         assert initial.zero_data and list(initial.dims) == list(state.dims) and initial.data_type == state.data_type
     assert [i.name for i in config.input] == [s.name for s in manifest.inputs if not s.name.startswith("past.")]
     assert [o.name for o in config.output] == ["logits"]
-    assert list(config.output[0].dims) == [-1, manifest.vocab_size]
+    assert list(config.output[0].dims) == ([] if batched else [1]) + [-1, manifest.vocab_size]
 
 
 def test_graph_gains_the_control_inputs(mamba2_onnx: Path, tmp_path: Path) -> None:
     """Triton's onnxruntime backend refuses control inputs the graph does not declare."""
     target = write_repository(mamba2_onnx, tmp_path / "repo")
     inputs = {i.name: i for i in ort.InferenceSession(str(target / "1" / "model.onnx")).get_inputs()}
-    assert inputs["START"].shape == ["batch", 1] and inputs["START"].type == "tensor(int32)"
+    shape = ["batch", 1] if batchable(read_manifest(mamba2_onnx)) else [1]
+    assert inputs["START"].shape == shape and inputs["START"].type == "tensor(int32)"
     assert inputs["READY"].type == "tensor(int32)" and inputs["CORRID"].type == "tensor(uint64)"
-    original = [i.name for i in hybridrt.load(mamba2_onnx).inference_session.get_inputs()]
+    original = [i.name for i in ort.InferenceSession(str(mamba2_onnx / "model.onnx")).get_inputs()]
     assert list(inputs)[: len(original)] == original
 
 
@@ -175,22 +199,23 @@ def test_client_example_parses_arguments() -> None:
 def test_growing_kv_is_refused(jamba_onnx: Path, tmp_path: Path) -> None:
     """Attention KV that grows per token cannot be a zero-initialised implicit state."""
     with pytest.raises(DeployError, match=r"past\.1\.key .*grows.*re-export.*fixed-size KV"):
-        write_repository(jamba_onnx, tmp_path / "repo")
+        write_repository(growing_copy(jamba_onnx, tmp_path), tmp_path / "repo")
     assert not (tmp_path / "repo").exists()  # refused before anything was written
 
 
 def test_cli_writes_and_refuses(mamba2_onnx: Path, jamba_onnx: Path, tmp_path: Path, capsys: Any) -> None:
     repo = tmp_path / "repo"
-    assert main(["triton", str(mamba2_onnx), "-o", str(repo), "--name", "m", "--gpu", "--max-batch-size", "4"]) == 0
+    assert main(["triton", str(mamba2_onnx), "-o", str(repo), "--name", "m", "--gpu", "--max-batch-size", "0"]) == 0
     config = parse((repo / "m" / "config.pbtxt").read_text())
-    assert config.max_batch_size == 4 and config.instance_group[0].kind == config.instance_group[0].KIND_GPU
+    assert config.max_batch_size == 0 and config.instance_group[0].kind == config.instance_group[0].KIND_GPU
     capsys.readouterr()
     assert main(["triton", str(mamba2_onnx), "-o", str(repo), "--name", "m"]) == 2
     err = capsys.readouterr().err
     assert "exists" in err and "--force" in err, err
     assert main(["triton", str(mamba2_onnx), "-o", str(repo), "--name", "m", "--force"]) == 0
-    assert parse((repo / "m" / "config.pbtxt").read_text()).max_batch_size == 8
-    assert main(["triton", str(jamba_onnx), "-o", str(repo)]) == 2
+    want = 8 if batchable(read_manifest(mamba2_onnx)) else 0
+    assert parse((repo / "m" / "config.pbtxt").read_text()).max_batch_size == want
+    assert main(["triton", str(growing_copy(jamba_onnx, tmp_path)), "-o", str(repo)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hybridrt: error: state past.1.key"), err
     assert sorted(p.name for p in repo.iterdir()) == ["m"]
