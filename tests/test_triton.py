@@ -192,8 +192,18 @@ def test_client_example_parses_arguments() -> None:
     with pytest.raises(SystemExit) as e:
         example.parse_args(["hi", "--repo", "r", "--model", "m", "--max-new-tokens", "0"])
     assert e.value.code == 2
+
+
+def test_client_example_reaches_for_the_server(mamba2_onnx: Path, tmp_path: Path) -> None:
+    """Without a server (none runs here) the example gets as far as asking Triton for the
+    model's config: it read the tokenizer and manifest from the repository and built the client."""
+    utils = pytest.importorskip("tritonclient.utils", reason="needs tritonclient[grpc]")
     pytest.importorskip("tritonclient.grpc", reason="needs tritonclient[grpc]")
-    assert "tritonclient.grpc" in sys.modules
+    example = load_example()
+    target = write_repository(mamba2_onnx, tmp_path / "repo")
+    argv = ["def", "--repo", str(target.parent), "--model", target.name, "--url", "localhost:1"]
+    with pytest.raises(utils.InferenceServerException, match="UNAVAILABLE"):
+        example.main(argv)
 
 
 def test_growing_kv_is_refused(jamba_onnx: Path, tmp_path: Path) -> None:
