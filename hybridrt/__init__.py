@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ._version import __version__
 from .errors import (
     CheckpointError,
+    DeployError,
     ExportError,
     GenerationError,
     GraphError,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CheckpointError",
+    "DeployError",
     "ExportError",
     "GenerationError",
     "GraphError",

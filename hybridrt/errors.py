@@ -31,5 +31,10 @@ class QuantizationError(HybridrtError):
     """Quantization cannot run or its result failed a quality gate; nothing was written."""
 
 
+class DeployError(HybridrtError):
+    """A deployment artifact (a Triton model repository) cannot be made for this model or these
+    settings; nothing was written."""
+
+
 class GenerationError(HybridrtError, ValueError):
     """Invalid generation input: sampling parameters, prompt length, missing tokenizer."""

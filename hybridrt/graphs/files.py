@@ -54,12 +54,16 @@ def atomic_directory(out: str | Path, error: type[HybridrtError] = HybridrtError
 
 
 def _normal_permissions(directory: Path) -> None:
-    """mkdtemp creates 0700 and some writers 0600; the result is an ordinary directory."""
+    """mkdtemp creates 0700 and some writers 0600; the result is an ordinary directory, and so
+    is each directory inside it (a Triton repository has version folders)."""
     umask = os.umask(0)
     os.umask(umask)
     directory.chmod(0o777 & ~umask)
     for path in directory.iterdir():
-        path.chmod(0o666 & ~umask)
+        if path.is_dir():
+            _normal_permissions(path)
+        else:
+            path.chmod(0o666 & ~umask)
 
 
 def save_onnx(model: Any, path: Path, external: bool) -> None:
