@@ -58,6 +58,13 @@ def prepare(config: Path, work: Path) -> dict[str, Path]:
 
 
 def _peak_rss_mb() -> float:
+    """This process's peak resident memory: VmHWM (ru_maxrss carries the parent's peak over exec)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -56,9 +56,10 @@ def as_dict(config: Any) -> dict[str, Any]:
 
 
 def batchable(manifest: Manifest) -> bool:
-    """Triton can batch the graph: every non-state input has a leading batch dim (today's
-    contract; the fixed-size KV contract's logit_positions [n] has none)."""
-    return all(s.dims[:1] == ("batch",) for s in manifest.inputs if not s.name.startswith("past."))
+    """Triton can batch the graph: every non-state input it receives has a leading batch dim
+    (logit_positions [n] has none, but the repository's graph computes it)."""
+    sent = [s for s in manifest.inputs if not s.name.startswith("past.") and s.name != "logit_positions"]
+    return all(s.dims[:1] == ("batch",) for s in sent)
 
 
 def growing_copy(model: Path, tmp: Path) -> Path:
@@ -109,7 +110,8 @@ def test_repository_layout_and_config(mamba2_onnx: Path, tmp_path: Path) -> None
         assert list(state.dims) == ([] if batched else [1]) + list(past.dims[1:])  # the batch dim is Triton's
         [initial] = state.initial_state
         assert initial.zero_data and list(initial.dims) == list(state.dims) and initial.data_type == state.data_type
-    assert [i.name for i in config.input] == [s.name for s in manifest.inputs if not s.name.startswith("past.")]
+    sent = [s.name for s in manifest.inputs if not s.name.startswith("past.") and s.name != "logit_positions"]
+    assert [i.name for i in config.input] == sent  # logit_positions: computed in the repository's graph
     assert [o.name for o in config.output] == ["logits"]
     assert list(config.output[0].dims) == ([] if batched else [1]) + [-1, manifest.vocab_size]
 
@@ -122,7 +124,8 @@ def test_graph_gains_the_control_inputs(mamba2_onnx: Path, tmp_path: Path) -> No
     assert inputs["START"].shape == shape and inputs["START"].type == "tensor(int32)"
     assert inputs["READY"].type == "tensor(int32)" and inputs["CORRID"].type == "tensor(uint64)"
     original = [i.name for i in ort.InferenceSession(str(mamba2_onnx / "model.onnx")).get_inputs()]
-    assert list(inputs)[: len(original)] == original
+    assert "logit_positions" in original and "logit_positions" not in inputs  # computed in the copy
+    assert list(inputs)[: len(original) - 1] == [n for n in original if n != "logit_positions"]
 
 
 class TritonStandIn:
@@ -164,14 +167,17 @@ class TritonStandIn:
         return logits
 
 
-def test_client_decode_loop_equals_generate(mamba2_onnx: Path, tmp_path: Path) -> None:
-    """The example client's prefill + decode requests, with states kept as config.pbtxt says,
-    give the runtime's greedy tokens; two interleaved sequences keep their own states."""
+@pytest.mark.parametrize("name", ["mamba2", "jamba"])
+def test_client_decode_loop_equals_generate(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The example client's prefill + decode requests, with states kept as config.pbtxt says
+    (jamba's KV as fixed-size states of kv_capacity rows), give the runtime's greedy tokens;
+    two interleaved sequences keep their own states."""
+    directory = request.getfixturevalue(f"{name}_onnx")
     example = load_example()
-    target = write_repository(mamba2_onnx, tmp_path / "repo")
+    target = write_repository(directory, tmp_path / "repo", TritonOptions(kv_capacity=32))
     config = as_dict(parse((target / "config.pbtxt").read_text()))
     triton = TritonStandIn(target, config)
-    model = hybridrt.load(mamba2_onnx)
+    model = hybridrt.load(directory)
     for sequence_id, prompt in ((7, [5, 77, 300, 12, 9]), (8, [40, 41])):
         want = model.generate(prompt, max_new_tokens=6, do_sample=False, eos_token_id=[])
         assert example.generate(triton, config, prompt, 6, set(), sequence_id) == want
@@ -250,31 +256,34 @@ def fixed_kv(manifest: Manifest) -> Manifest:
 
 
 def test_fixed_size_kv_contract(jamba_onnx: Path) -> None:
-    """KV with a "capacity" dim becomes a fixed state of kv_capacity rows; an input without a
-    batch dim (logit_positions) makes the config unbatched (max_batch_size 0, batch 1 states)."""
+    """KV with a "capacity" dim becomes a fixed state of kv_capacity rows; logit_positions (no
+    batch dim) is computed in the repository's graph, so sequences batch (max_batch_size 8)."""
     manifest = fixed_kv(read_manifest(jamba_onnx))
     config = parse(config_text(plan(manifest, TritonOptions(kv_capacity=64))))
-    assert config.max_batch_size == 0
+    assert config.max_batch_size == 8
     states = {s.input_name: list(s.dims) for s in config.sequence_batching.state}
     assert set(states) == {s.name for s in manifest.pasts}
     for past in manifest.pasts:
-        want = [1] + [64 if d == "capacity" else d for d in past.dims[1:]]
+        want = [64 if d == "capacity" else d for d in past.dims[1:]]
         assert states[past.name] == want
-    assert states["past.1.key"][2] == 64 and states["past.0.conv"] == [1, *manifest.pasts[0].dims[1:]]
+    assert states["past.1.key"][1] == 64 and states["past.0.conv"] == list(manifest.pasts[0].dims[1:])
     inputs = {i.name: list(i.dims) for i in config.input}
-    assert inputs == {"input_ids": [1, -1], "past_lengths": [1], "logit_positions": [-1]}
+    assert inputs == {"input_ids": [-1], "past_lengths": [1]}
     default = parse(config_text(plan(manifest, TritonOptions())))
-    assert default.sequence_batching.state[2].dims[2] == min(2048, manifest.max_length)
+    assert default.sequence_batching.state[2].dims[1] == min(2048, manifest.max_length)
 
 
 def test_fixed_size_kv_errors(jamba_onnx: Path) -> None:
     manifest = fixed_kv(read_manifest(jamba_onnx))
     with pytest.raises(DeployError, match="between 1 and the model's max length"):
         plan(manifest, TritonOptions(kv_capacity=manifest.max_length + 1))
-    with pytest.raises(DeployError, match=r"logit_positions \['n'\] has no leading batch dim.*max_batch_size=0"):
-        plan(manifest, TritonOptions(max_batch_size=8))
-    batched = dataclasses.replace(manifest, inputs=[s for s in manifest.inputs if s.name != "logit_positions"])
-    config = parse(config_text(plan(batched, TritonOptions(kv_capacity=16))))
+    unbatched = dataclasses.replace(
+        manifest, inputs=[*manifest.inputs[:3], TensorSpec("extra", ("n",), "int64", "extra"), *manifest.inputs[3:]]
+    )
+    with pytest.raises(DeployError, match=r"extra \['n'\] has no leading batch dim.*max_batch_size=0"):
+        plan(unbatched, TritonOptions(max_batch_size=8))
+    assert plan(unbatched, TritonOptions()).max_batch_size == 0
+    config = parse(config_text(plan(manifest, TritonOptions(kv_capacity=16))))
     assert config.max_batch_size == 8
     [lengths] = [i for i in config.input if i.name == "past_lengths"]
     assert list(lengths.dims) == [1] and lengths.HasField("reshape") and list(lengths.reshape.shape) == []

@@ -18,7 +18,9 @@ Layout written (atomically, through a temporary directory beside REPO/NAME):
 
 Triton's onnxruntime backend refuses a config whose control inputs (START, READY, CORRID) the
 graph does not declare, so the copy of the graph gains them as unused inputs; the states are
-reset by Triton's zero initial state, not by START. Editing the graph needs `onnx` (the
+reset by Triton's zero initial state, not by START. The graph's `logit_positions` input [n]
+has no batch dim, which Triton's batcher cannot stack: in the copy it is computed from the
+call instead (the last position, what generation needs), so sequences batch. Editing the graph needs `onnx` (the
 `export` extra). Torch-free.
 """
 
@@ -56,6 +58,7 @@ CONTROLS = (
 GROWING = ("past_len", "total_len")  # the growing-KV contract's length dims
 CAPACITY = "capacity"  # the fixed-size KV contract's length dim
 BATCH = "batch"
+LOGIT_POSITIONS = "logit_positions"  # computed inside the repository's graph copy
 VERSION = "1"
 DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_KV_CAPACITY = 2048
@@ -67,7 +70,7 @@ class TritonOptions:
 
     max_batch_size: batch slots per instance; None: 8 when every non-state input has a leading
     batch dim, else 0 (Triton stacks requests along a leading batch dim, so an input without
-    one, such as `logit_positions` [n], allows one sequence per execution). kv_capacity: KV
+    one allows one sequence per execution; `logit_positions` is computed in the graph copy). kv_capacity: KV
     rows per sequence for "capacity" dims; None: min(2048, the manifest's max length)."""
 
     name: str | None = None
@@ -122,7 +125,7 @@ def plan(manifest: Manifest, options: TritonOptions, default_name: str = "model"
         raise DeployError(f"instances={options.instances}: a model needs at least one instance")
     if options.idle_seconds <= 0:
         raise DeployError(f"idle_seconds={options.idle_seconds}: must be > 0")
-    plain = [s for s in manifest.inputs if not s.name.startswith("past.")]
+    plain = [s for s in manifest.inputs if not s.name.startswith("past.") and s.name != LOGIT_POSITIONS]
     batched = all(s.dims[:1] == (BATCH,) for s in plain)
     max_batch = _max_batch_size(options.max_batch_size, batched, plain)
     capacity = _kv_capacity(manifest, options.kv_capacity)
@@ -306,6 +309,7 @@ def _write_graph(src: Path, dst: Path, batched: bool) -> None:
     from onnx import TensorProto, helper
 
     model = onnx.load(str(src), load_external_data=False)
+    _compute_logit_positions(model)
     names = {i.name for i in model.graph.input}
     kinds = {"int32": TensorProto.INT32, "uint64": TensorProto.UINT64}
     for name, _, dtype in CONTROLS:
@@ -316,6 +320,28 @@ def _write_graph(src: Path, dst: Path, batched: bool) -> None:
     onnx.save_model(model, str(dst))  # keeps the loaded ir_version and the external data references
     for location in sorted(_external_files(model)):
         _link_or_copy(src.parent / location, dst.parent / location)
+
+
+def _compute_logit_positions(model: Any) -> None:
+    """Replace the `logit_positions` input by [seq - 1] computed from input_ids, in place."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    inputs = [i for i in graph.input if i.name == LOGIT_POSITIONS]
+    if not inputs:
+        return
+    graph.input.remove(inputs[0])
+    import numpy as np
+
+    consts = {"triton/one": np.array(1, np.int64), "triton/shape1": np.array([1], np.int64)}
+    graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
+    nodes = [
+        helper.make_node("Shape", ["input_ids"], ["triton/seq"], name="/triton/Shape", start=1, end=2),
+        helper.make_node("Sub", ["triton/seq", "triton/one"], ["triton/last"], name="/triton/Sub"),
+        helper.make_node("Reshape", ["triton/last", "triton/shape1"], [LOGIT_POSITIONS], name="/triton/Reshape"),
+    ]
+    for i, node in enumerate(nodes):
+        graph.node.insert(i, node)
 
 
 def _external_files(model: Any) -> set[str]:
