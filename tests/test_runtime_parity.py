@@ -28,7 +28,7 @@ def hf_models(jamba_dir: Path, llama_dir: Path) -> dict[str, torch.nn.Module]:
 
 
 @pytest.mark.parametrize("name", ["jamba", "llama"])
-@pytest.mark.parametrize("length", [1, 5, 40])
+@pytest.mark.parametrize("length", [1, 5, 40, 300])  # 300: prefilled in calls of PREFILL_CHUNK
 def test_greedy_matches_transformers(
     name: str, length: int, hf_models: dict[str, torch.nn.Module], request: pytest.FixtureRequest
 ) -> None:
@@ -53,7 +53,7 @@ def test_repetition_penalty_matches_transformers(jamba_onnx: Path, hf_models: di
 
 def test_batch_of_different_lengths_equals_each_prompt_alone(onnx_dir: Path) -> None:
     model = hybridrt.load(onnx_dir)
-    prompts = [_prompt(n) for n in (1, 7, 20, 33)]
+    prompts = [_prompt(n) for n in (1, 7, 20, 33, 150)]
     batch = model.generate(prompts, **GREEDY)
     assert batch == [model.generate(p, **GREEDY) for p in prompts]
 

@@ -16,6 +16,12 @@ from .state import Stepper
 
 StopCheck = Callable[[list[int]], bool]
 
+# Prompts run in calls of at most this many tokens (exact: each call continues from the
+# states of the last). Measured on the 125M bench models, 2 threads, a 1,900-token prompt:
+# 128-token calls prefill 26% faster than one call on jamba-125m (the Mamba scans' working
+# set stays in cache), 11% on llama-125m, 7% on granite-h-125m, and cap the transient memory.
+PREFILL_CHUNK = 128
+
 
 @dataclass
 class GenerationStats:
@@ -54,12 +60,19 @@ def prefill(stepper: Stepper, prompts: Sequence[Sequence[int]]) -> np.ndarray:
     runs alone from fresh states and its states move into its row (no padding: every row
     ends exactly as it would alone)."""
     if len({len(p) for p in prompts}) == 1:
-        return stepper.forward(np.asarray(prompts, dtype=np.int64))
+        return feed(stepper, np.asarray(prompts, dtype=np.int64))
     logits = np.empty((len(prompts), stepper.vocab), dtype=np.float32)
     for r, p in enumerate(prompts):
         one = stepper.fresh(1)
-        logits[r] = one.forward(np.asarray([p], dtype=np.int64))[0]
+        logits[r] = feed(one, np.asarray([p], dtype=np.int64))[0]
         stepper.set_row(r, one.states(), int(stepper.lengths[r]) + len(p))
+    return logits
+
+
+def feed(stepper: Stepper, ids: np.ndarray) -> np.ndarray:
+    """ids [b, l] in calls of at most PREFILL_CHUNK tokens; the last position's logits [b, V]."""
+    for start in range(0, ids.shape[1], PREFILL_CHUNK):
+        logits = stepper.forward(ids[:, start : start + PREFILL_CHUNK])
     return logits
 
 
