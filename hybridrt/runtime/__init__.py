@@ -7,6 +7,16 @@ from .decode import GenerationStats
 from .loader import load
 from .model import ChatSession, Model, TextStream
 from .providers import select_providers
+from .router import LengthRouter
 from .sampling import GenerationConfig
 
-__all__ = ["ChatSession", "GenerationConfig", "GenerationStats", "Model", "TextStream", "load", "select_providers"]
+__all__ = [
+    "ChatSession",
+    "GenerationConfig",
+    "GenerationStats",
+    "LengthRouter",
+    "Model",
+    "TextStream",
+    "load",
+    "select_providers",
+]

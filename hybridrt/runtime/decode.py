@@ -32,6 +32,7 @@ class GenerationStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     decode_tokens: int = 0
+    route: str | None = None  # which model a router sent the call to (runtime.router)
 
     @property
     def prefill_ms(self) -> float:
