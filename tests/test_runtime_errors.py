@@ -72,6 +72,13 @@ def test_directory_of_the_growing_kv_contract_asks_for_a_re_export(copy: Path) -
         hybridrt.load(copy)
 
 
+def test_manifest_vocabulary_not_matching_the_graph(copy: Path) -> None:
+    """The decode loop sizes its logits buffer from the manifest: a wrong vocab_size is caught at load."""
+    _edit_manifest(copy, lambda d: d.update(vocab_size=10))
+    with pytest.raises(hybridrt.GraphError, match="vocab_size 10 but model.onnx gives logits over 320 tokens"):
+        hybridrt.load(copy)
+
+
 def test_manifest_rank_not_matching_graph(copy: Path) -> None:
     _edit_manifest(copy, lambda d: d["outputs"][1].update(dims=["batch", 64]))
     with pytest.raises(hybridrt.GraphError, match="present.0.conv has rank 3"):

@@ -133,6 +133,13 @@ def check_graph(session: Any, manifest: Manifest, directory: Path) -> None:
             f"{directory / MANIFEST} lists outputs {[s.name for s in manifest.outputs]}, expected {expected}; "
             "this is not a hybridrt graph"
         )
+    logits = session.get_outputs()[0]
+    vocab = logits.shape[-1] if logits.shape else None
+    if isinstance(vocab, int) and vocab != manifest.vocab_size:
+        raise GraphError(
+            f"{directory / MANIFEST} says vocab_size {manifest.vocab_size} but {manifest.graph_file} gives logits "
+            f"over {vocab} tokens; re-export the model"
+        )
 
 
 def _mismatch(spec: TensorSpec, arg: Any) -> str | None:
