@@ -13,7 +13,7 @@ from torch import nn
 
 from ..config import HybridConfig
 from .context import MixerContext
-from .ops import apply_rope, attend, rotate_half  # noqa: F401  (re-exported)
+from .ops import attend
 
 
 class RMSNorm(nn.Module):

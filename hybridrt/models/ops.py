@@ -322,25 +322,6 @@ GQA_HEAD_MULTIPLE = 8
 GQA_ROTARY_MULTIPLE = 16
 
 
-def kv_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    past_k: torch.Tensor,
-    past_v: torch.Tensor,
-    past_lengths: torch.Tensor,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Causal attention of the new tokens over each row's KV buffer.
-
-    q [b, h, l, hd] and k, v [b, h_kv, l, hd] (rotary already applied), past_k/past_v
-    [b, h_kv, C, hd] holding past_lengths[r] positions of row r -> (y [b, l, h hd], present_k,
-    present_v [b, h_kv, C, hd]) with the new keys and values at past_lengths .. +l-1.
-    Positions past a row's length are never read, so a buffer needs no clearing.
-    """
-    return _attention(q, k, v, past_k, past_v, past_lengths, scale, None)
-
-
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -361,14 +342,14 @@ def attend(
         and hd % GQA_ROTARY_MULTIPLE == 0
         and (2 * tables[0].shape[-1]) % GQA_ROTARY_MULTIPLE == 0
     ):
-        return _attention(q, k, v, past_k, past_v, ctx.past_lengths, scale, tables)
+        return kv_attention(q, k, v, past_k, past_v, ctx.past_lengths, scale, tables)
     if ctx.cos is not None and ctx.sin is not None:
         cos, sin = ctx.cos.unsqueeze(1), ctx.sin.unsqueeze(1)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    return _attention(q, k, v, past_k, past_v, ctx.past_lengths, scale, None)
+    return kv_attention(q, k, v, past_k, past_v, ctx.past_lengths, scale, None)
 
 
-def _attention(
+def kv_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -376,8 +357,16 @@ def _attention(
     past_v: torch.Tensor,
     past_lengths: torch.Tensor,
     scale: float,
-    tables: tuple[torch.Tensor, torch.Tensor] | None,
+    tables: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Causal attention of the new tokens over each row's KV buffer.
+
+    q [b, h, l, hd] and k, v [b, h_kv, l, hd], past_k/past_v [b, h_kv, C, hd] holding
+    past_lengths[r] positions of row r -> (y [b, l, h hd], present_k, present_v [b, h_kv, C, hd])
+    with the new keys and values at past_lengths .. +l-1. With `tables` (cos, sin of every
+    position), q and k are rotated here (inside GroupQueryAttention when fused); without, they
+    come rotated. Positions past a row's length are never read, so a buffer needs no clearing.
+    """
     cos_cache, sin_cache = tables if tables is not None else (None, None)
     b, h, l, hd = q.shape
     if _FUSED and hd % GQA_HEAD_MULTIPLE == 0:
