@@ -24,9 +24,10 @@ def takes_lengths(inputs: Sequence[TensorSpec]) -> bool:
     return any(s.name == PAST_LENGTHS for s in inputs)
 
 
-def logit_positions(seq: int, all_positions: bool = False) -> np.ndarray:
-    """[n] int64: the last position of a call of `seq` tokens, or every position."""
-    return np.arange(seq, dtype=np.int64) if all_positions else np.array([seq - 1], dtype=np.int64)
+def logit_positions(seq: int, all_positions: bool = False, last: int = 1) -> np.ndarray:
+    """[n] int64: the `last` positions of a call of `seq` tokens (default the last one), or
+    every position."""
+    return np.arange(0 if all_positions else seq - last, seq, dtype=np.int64)
 
 
 def graph_feeds(
@@ -35,11 +36,13 @@ def graph_feeds(
     past_lengths: np.ndarray | int,
     states: Mapping[str, Any],
     all_logits: bool = False,
+    last: int = 1,
 ) -> dict[str, Any]:
     """The feeds for ids [b, s] (int64) after `past_lengths` [b] tokens (or one count for
-    every row), with `states` (past name -> tensor) as the pasts. Logits come for the last
-    position, or for every position with `all_logits`."""
-    feeds: dict[str, Any] = {"input_ids": ids, LOGIT_POSITIONS: logit_positions(ids.shape[1], all_logits)}
+    every row), with `states` (past name -> tensor) as the pasts. Logits come for the `last`
+    positions (default the last one), or for every position with `all_logits`."""
+    positions = logit_positions(ids.shape[1], all_logits, last)
+    feeds: dict[str, Any] = {"input_ids": ids, LOGIT_POSITIONS: positions}
     if takes_lengths(inputs):
         lengths = np.broadcast_to(np.asarray(past_lengths, dtype=np.int64), (ids.shape[0],))
         feeds[PAST_LENGTHS] = lengths.copy()

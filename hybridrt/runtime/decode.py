@@ -33,6 +33,24 @@ class GenerationStats:
     decode_s: float = 0.0
     decode_tokens: int = 0
     route: str | None = None  # which model a router sent the call to (runtime.router)
+    # Speculative decoding (runtime.speculative): drafts proposed, drafts kept, verify calls.
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    rounds: int = 0
+
+    @classmethod
+    def combine(cls, runs: Sequence[GenerationStats]) -> GenerationStats:
+        """One record of generations run one after another (rows of a batch, in order)."""
+        return cls(
+            tokens=[t for r in runs for t in r.tokens],
+            prompt_tokens=sum(r.prompt_tokens for r in runs),
+            prefill_s=sum(r.prefill_s for r in runs),
+            decode_s=sum(r.decode_s for r in runs),
+            decode_tokens=sum(r.decode_tokens for r in runs),
+            draft_tokens=sum(r.draft_tokens for r in runs),
+            accepted_tokens=sum(r.accepted_tokens for r in runs),
+            rounds=sum(r.rounds for r in runs),
+        )
 
     @property
     def prefill_ms(self) -> float:
@@ -41,6 +59,11 @@ class GenerationStats:
     @property
     def decode_tokens_per_s(self) -> float:
         return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
+
+    @property
+    def acceptance_rate(self) -> float:
+        """The share of drafted tokens the target kept (NaN without a draft model)."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else float("nan")
 
     @property
     def new_tokens(self) -> int:

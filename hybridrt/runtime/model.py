@@ -13,6 +13,7 @@ from ..graphs.generation import merge
 from ..graphs.manifest import Manifest
 from . import decode as dec
 from .sampling import GenerationConfig
+from .speculative import DraftSchedule, speculate
 from .state import Stepper, new_stepper
 from .text import Prompts, StreamDecoder, as_prompts, decode, need_tokenizer
 from .validate import check_eos_ids, check_memory
@@ -44,6 +45,11 @@ class Model:
     generate(prompt, **GenerationConfig fields): text in -> text out (str, or list for a list);
     token ids in -> the new token ids (list[int], or one list per prompt for a batch).
     generate_with_stats returns (output, GenerationStats); stream's TextStream carries .stats.
+
+    assistant_model=draft (another loaded Model of the same tokenizer) decodes speculatively
+    (hybridrt.runtime.speculative): greedy output is the same as without it, sampled output
+    follows the same distribution; stats report drafts proposed and kept. A batch then runs
+    one prompt after another.
     """
 
     def __init__(
@@ -79,22 +85,38 @@ class Model:
     def max_length(self) -> int:
         return self.manifest.max_length
 
-    def generate(self, prompt: Any, **kwargs: Any) -> Output:
-        """Generate for one prompt or a batch (each row as if alone)."""
-        return self.generate_with_stats(prompt, **kwargs)[0]
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the graph and its external weights on disk."""
+        return sum(f.stat().st_size for f in self.path.iterdir() if f.suffix in (".onnx", ".data", ".pt", ".pt2"))
 
-    def generate_with_stats(self, prompt: Any, **kwargs: Any) -> tuple[Output, dec.GenerationStats]:
+    def generate(self, prompt: Any, assistant_model: Model | None = None, **kwargs: Any) -> Output:
+        """Generate for one prompt or a batch (each row as if alone)."""
+        return self.generate_with_stats(prompt, assistant_model, **kwargs)[0]
+
+    def generate_with_stats(
+        self, prompt: Any, assistant_model: Model | None = None, **kwargs: Any
+    ) -> tuple[Output, dec.GenerationStats]:
         """As generate, with what the generation did: token counts and timings."""
         cfg = self.generation_config(**kwargs)
         prompts = self.prompt_rows(prompt, cfg)
         self.check_length(prompts.rows, cfg)
+        if assistant_model is not None:
+            draft = self.check_assistant(assistant_model)
+            runs = []
+            for row in prompts.rows:
+                runs.append(dec.GenerationStats())
+                for _ in self._speculative(draft, row, cfg, runs[-1]):
+                    pass
+            stats = dec.GenerationStats.combine(runs)
+            return self._format(prompts, stats.tokens), stats
         stats = dec.GenerationStats()
         stepper = self._new_stepper(len(prompts.rows), self.capacity_for(prompts.rows, cfg))
         for _ in self._steps(stepper, prompts.rows, cfg, stats):
             pass
         return self._format(prompts, stats.tokens), stats
 
-    def stream(self, prompt: str | Sequence[int], **kwargs: Any) -> TextStream:
+    def stream(self, prompt: str | Sequence[int], assistant_model: Model | None = None, **kwargs: Any) -> TextStream:
         """Text pieces of one prompt's continuation, as they are generated (see TextStream)."""
         cfg = self.generation_config(**kwargs)
         need_tokenizer(self.tokenizer)
@@ -103,8 +125,11 @@ class Model:
             raise GenerationError("stream() takes one prompt; use generate() for a batch")
         self.check_length(prompts.rows, cfg)
         stats = dec.GenerationStats()
-        stepper = self._new_stepper(1, self.capacity_for(prompts.rows, cfg))
-        return TextStream(self._pieces(self._steps(stepper, prompts.rows, cfg, stats), stats), stats)
+        if assistant_model is not None:
+            steps = self._speculative(self.check_assistant(assistant_model), prompts.rows[0], cfg, stats)
+        else:
+            steps = self._steps(self._new_stepper(1, self.capacity_for(prompts.rows, cfg)), prompts.rows, cfg, stats)
+        return TextStream(self._pieces(steps, stats), stats)
 
     def session(self) -> ChatSession:
         """A conversation whose states carry over from one generate() call to the next."""
@@ -130,8 +155,65 @@ class Model:
                     row.insert(0, bos)
         return prompts
 
-    def _new_stepper(self, batch: int, capacity: int) -> Stepper:
-        return new_stepper(self.inference_session, self.manifest, batch, self.device, self.io_binding, capacity)
+    def _new_stepper(self, batch: int, capacity: int, ring: int = 2) -> Stepper:
+        return new_stepper(self.inference_session, self.manifest, batch, self.device, self.io_binding, capacity, ring)
+
+    def check_assistant(self, assistant: object) -> Model:
+        """The draft model for speculative decoding; GenerationError unless it is a loaded
+        Model that shares this model's vocabulary."""
+        if not isinstance(assistant, Model):
+            raise GenerationError(
+                f"assistant_model must be a model loaded with hybridrt.load, got {type(assistant).__name__}"
+            )
+        ours, theirs = self.manifest.vocab_size, assistant.manifest.vocab_size
+        same = ours == theirs
+        if same and self.tokenizer is not None and assistant.tokenizer is not None:
+            same = self.tokenizer.get_vocab() == assistant.tokenizer.get_vocab()
+        if not same:
+            raise GenerationError(
+                f"assistant_model {assistant.path} does not share this model's tokenizer (vocabularies of "
+                f"{theirs} and {ours} tokens{', different tokens' if theirs == ours else ''}); a draft model "
+                "must use the target's tokenizer"
+            )
+        return assistant
+
+    def draft_schedule(self, draft: Model, cfg: GenerationConfig) -> DraftSchedule:
+        """How many tokens `draft` proposes per round, starting from the size ratio of the two."""
+        return DraftSchedule.of(cfg, cost=draft.weight_bytes / max(self.weight_bytes, 1))
+
+    def draft_steppers(
+        self, draft: Model, length: int, cfg: GenerationConfig, schedule: DraftSchedule
+    ) -> tuple[Stepper, Stepper]:
+        """Fresh (target, draft) steppers for speculative decoding after `length` tokens of
+        context: KV room for the longest draft, and a draft ring that rewinds over it."""
+        extra = schedule.max_k + 2
+        target = self._new_stepper(1, min(length + cfg.max_new_tokens + extra, self.max_length))
+        room = min(length + cfg.max_new_tokens + extra, draft.max_length)
+        return target, draft._new_stepper(1, room, ring=schedule.max_k + 1)
+
+    def _speculative(
+        self,
+        draft: Model,
+        row: list[int],
+        cfg: GenerationConfig,
+        stats: dec.GenerationStats,
+    ) -> Iterator[np.ndarray]:
+        schedule = self.draft_schedule(draft, cfg)
+        target_stepper, draft_stepper = self.draft_steppers(draft, len(row), cfg, schedule)
+        return self._speculate(target_stepper, draft_stepper, list(row), cfg, stats, schedule)
+
+    def _speculate(
+        self,
+        target: Stepper,
+        draft: Stepper,
+        context: list[int],
+        cfg: GenerationConfig,
+        stats: dec.GenerationStats,
+        schedule: DraftSchedule,
+        history: Sequence[int] | None = None,
+    ) -> Iterator[np.ndarray]:
+        eos = cfg.eos_ids(self.eos_token_ids)
+        return speculate(target, draft, context, cfg, eos, stats, schedule, history, self._stop_check(cfg))
 
     def capacity_for(self, rows: Sequence[Sequence[int]], cfg: GenerationConfig, past: int = 0) -> int:
         """KV positions a generation needs: the longest row after `past` tokens, plus
@@ -198,9 +280,10 @@ class Model:
 
 
 class ChatSession:
-    """One sequence whose states persist between calls: a later call prefills only its new
-    tokens (plus the last token of the previous reply, which the states have not seen yet).
-    Greedy output over several calls equals one call on the concatenated tokens."""
+    """One sequence whose states persist between calls: a later call prefills only the tokens
+    its states have not seen (the new prompt, plus at least the last token of the previous
+    reply). Greedy output over several calls equals one call on the concatenated tokens.
+    With assistant_model, the draft's states persist too (until another draft is given)."""
 
     def __init__(self, model: Model) -> None:
         self.model = model
@@ -209,26 +292,31 @@ class ChatSession:
     def reset(self) -> None:
         """Forget the conversation: the next call starts from fresh states."""
         self.stepper: Stepper | None = None
-        self.history: list[int] = []  # every token of the conversation, the pending one included
-        self.pending: list[int] = []  # sampled but not yet fed to the states
+        self.history: list[int] = []  # every token of the conversation, the pending ones included
+        self.pending: list[int] = []  # in the history but not yet fed to the states
+        self.draft: Model | None = None
+        self.draft_stepper: Stepper | None = None
+        self.schedule: DraftSchedule | None = None
 
-    def generate(self, prompt: Any, **kwargs: Any) -> Output:
+    def generate(self, prompt: Any, assistant_model: Model | None = None, **kwargs: Any) -> Output:
         """As Model.generate, for one prompt, continuing the conversation."""
-        return self.generate_with_stats(prompt, **kwargs)[0]
+        return self.generate_with_stats(prompt, assistant_model, **kwargs)[0]
 
-    def generate_with_stats(self, prompt: Any, **kwargs: Any) -> tuple[Output, dec.GenerationStats]:
+    def generate_with_stats(
+        self, prompt: Any, assistant_model: Model | None = None, **kwargs: Any
+    ) -> tuple[Output, dec.GenerationStats]:
         cfg, prompts = self._prepare(prompt, kwargs)
         stats = dec.GenerationStats()
-        for _ in self._steps(prompts, cfg, stats):
+        for _ in self._steps(prompts, cfg, stats, assistant_model):
             pass
         return self.model._format(prompts, stats.tokens), stats
 
-    def stream(self, prompt: Any, **kwargs: Any) -> TextStream:
+    def stream(self, prompt: Any, assistant_model: Model | None = None, **kwargs: Any) -> TextStream:
         """As Model.stream, continuing the conversation."""
         cfg, prompts = self._prepare(prompt, kwargs)
         need_tokenizer(self.model.tokenizer)
         stats = dec.GenerationStats()
-        return TextStream(self.model._pieces(self._steps(prompts, cfg, stats), stats), stats)
+        return TextStream(self.model._pieces(self._steps(prompts, cfg, stats, assistant_model), stats), stats)
 
     def _prepare(self, prompt: Any, kwargs: dict[str, Any]) -> tuple[GenerationConfig, Prompts]:
         m = self.model
@@ -240,20 +328,41 @@ class ChatSession:
         m.check_length(prompts.rows, cfg, past=len(self.history))
         return cfg, prompts
 
-    def _steps(self, prompts: Prompts, cfg: GenerationConfig, stats: dec.GenerationStats) -> Iterator[np.ndarray]:
+    def _steps(
+        self,
+        prompts: Prompts,
+        cfg: GenerationConfig,
+        stats: dec.GenerationStats,
+        assistant: Model | None = None,
+    ) -> Iterator[np.ndarray]:
+        m = self.model
+        new = prompts.rows[0]
+        context = self.history + new
+        if assistant is not None:
+            draft = m.check_assistant(assistant)
+            if self.draft is not draft or self.schedule is None:
+                # A new draft (or the first): it catches up on the whole conversation.
+                self.schedule = m.draft_schedule(draft, cfg)
+                target, self.draft_stepper = m.draft_steppers(draft, len(context), cfg, self.schedule)
+                self.stepper = self.stepper or target
+                self.draft = draft
+            assert self.draft_stepper is not None
         if self.stepper is None:
             # Room for this turn; later turns regrow the KV buffers (doubling) when they need more.
-            self.stepper = self.model._new_stepper(1, self.model.capacity_for(prompts.rows, cfg, len(self.history)))
-        new = prompts.rows[0]
-        rows = [self.pending + new]
-        history = [self.history + new]
+            self.stepper = m._new_stepper(1, m.capacity_for(prompts.rows, cfg, len(self.history)))
+        stepper = self.stepper
+        if assistant is not None:
+            assert self.draft_stepper is not None and self.schedule is not None
+            steps = m._speculate(stepper, self.draft_stepper, context, cfg, stats, self.schedule)
+        else:
+            steps = m._steps(stepper, [self.pending + new], cfg, stats, [context])
         try:
-            yield from self.model._steps(self.stepper, rows, cfg, stats, history)
+            yield from steps
         except Exception:
             self.reset()  # the states may be half-updated
             raise
         finally:
             if self.stepper is not None and stats.tokens:
-                # Also when a stream is closed early: the states have seen all but the last token.
-                self.history = history[0] + stats.tokens[0]
-                self.pending = stats.tokens[0][-1:]
+                # Also when a stream is closed early: the states have seen a prefix of the history.
+                self.history = context + stats.tokens[0]
+                self.pending = self.history[int(stepper.lengths[0]) :]

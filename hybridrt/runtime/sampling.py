@@ -27,6 +27,11 @@ class GenerationConfig:
     manifest; `eos_token_id=[]` never stops early. `add_bos_token=True` prepends the
     tokenizer's BOS token to text prompts that lack it. A model's recommended values (its
     manifest's `generation`) replace these defaults; the caller's replace both.
+
+    With an assistant (draft) model, `num_assistant_tokens` is how many tokens it drafts per
+    round to begin with; the schedule then sets it: "adaptive" from the running acceptance
+    rate and the measured cost of a draft step (hybridrt.runtime.speculative), "heuristic"
+    as transformers (+2 after a round that kept every draft, -1 otherwise), "constant".
     """
 
     max_new_tokens: int = 128
@@ -40,6 +45,8 @@ class GenerationConfig:
     eos_token_id: int | Sequence[int] | None = None
     stop_strings: str | Sequence[str] | None = None
     add_bos_token: bool | None = None
+    num_assistant_tokens: int = 5
+    num_assistant_tokens_schedule: str = "adaptive"
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> GenerationConfig:
@@ -108,6 +115,47 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def processed_logits(
+    logits: np.ndarray, cfg: GenerationConfig, seen: np.ndarray | None = None, suppress: Sequence[int] = ()
+) -> np.ndarray:
+    """Logits [b, V] after the repetition penalty and EOS suppression (a copy when either applies)."""
+    if (seen is not None and cfg.repetition_penalty != 1.0) or suppress:
+        logits = logits.astype(np.float32, copy=True)
+    if seen is not None and cfg.repetition_penalty != 1.0:
+        apply_repetition_penalty(logits, seen, cfg.repetition_penalty)
+    if suppress:
+        logits[:, list(suppress)] = -np.inf
+    return logits
+
+
+def distribution(
+    logits: np.ndarray, cfg: GenerationConfig, seen: np.ndarray | None = None, suppress: Sequence[int] = ()
+) -> np.ndarray:
+    """The sampling distribution [b, V] float64 that `sample` draws from: penalties, then
+    temperature, top-k and top-p. Greedy settings give each row's argmax probability 1."""
+    logits = processed_logits(logits, cfg, seen, suppress)
+    if not cfg.sampling:
+        probs = np.zeros(logits.shape, dtype=np.float64)
+        probs[np.arange(len(logits)), logits.argmax(axis=-1)] = 1.0
+        return probs
+    logits = logits.astype(np.float32, copy=True)
+    if cfg.temperature is not None and cfg.temperature != 1.0:
+        logits /= cfg.temperature
+    if cfg.top_k:
+        top_k_filter(logits, cfg.top_k)
+    probs = softmax(logits.astype(np.float64))
+    if cfg.top_p is not None and cfg.top_p < 1.0:
+        top_p_filter(probs, cfg.top_p)
+    return probs
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One token per row from probs [b, V] (rows need not be normalized) -> int64 [b]."""
+    cdf = np.cumsum(probs, axis=-1)
+    u = rng.random((probs.shape[0], 1)) * cdf[:, -1:]
+    return np.minimum((cdf <= u).sum(axis=-1), probs.shape[-1] - 1).astype(np.int64)
+
+
 def sample(
     logits: np.ndarray,
     cfg: GenerationConfig,
@@ -116,21 +164,6 @@ def sample(
     suppress: Sequence[int] = (),
 ) -> np.ndarray:
     """Next token per row: logits [b, V] -> int64 [b]. Never modifies `logits`."""
-    if seen is not None or suppress or cfg.sampling:
-        logits = logits.astype(np.float32, copy=True)
-    if seen is not None and cfg.repetition_penalty != 1.0:
-        apply_repetition_penalty(logits, seen, cfg.repetition_penalty)
-    if suppress:
-        logits[:, list(suppress)] = -np.inf
     if not cfg.sampling:
-        return logits.argmax(axis=-1).astype(np.int64, copy=False)
-    if cfg.temperature is not None and cfg.temperature != 1.0:
-        logits /= cfg.temperature
-    if cfg.top_k:
-        top_k_filter(logits, cfg.top_k)
-    probs = softmax(logits.astype(np.float64))
-    if cfg.top_p is not None and cfg.top_p < 1.0:
-        top_p_filter(probs, cfg.top_p)
-    cdf = np.cumsum(probs, axis=-1)
-    u = rng.random((probs.shape[0], 1)) * cdf[:, -1:]
-    return np.minimum((cdf <= u).sum(axis=-1), probs.shape[-1] - 1).astype(np.int64)
+        return processed_logits(logits, cfg, seen, suppress).argmax(axis=-1).astype(np.int64, copy=False)
+    return draw(distribution(logits, cfg, seen, suppress), rng)

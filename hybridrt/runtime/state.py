@@ -12,11 +12,19 @@ Two ways to run a step, one interface (`forward(ids) -> last-position logits`):
   be read and written without a copy through the session.
 - PlainStepper: numpy feeds through session.run, for comparison and for debugging.
 
+Rewinding (speculative decoding): `checkpoint()` marks the states after a call and
+`rewind(mark)` returns to them. KV needs only the lengths set back (positions past a row's
+length are never read, and the next call overwrites them). A BoundStepper built with
+`ring=R` keeps its fixed states in R sets used in turn (call n reads set n mod R and writes
+set n+1 mod R), so the states of any of the last R-1 calls are still on the device and a
+rewind copies nothing: it only picks which prebound binding runs next.
+
 Shapes: b = batch, s = new tokens this call, C = KV capacity, V = vocabulary.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,9 +35,20 @@ from ..graphs.feeds import NUMPY_DTYPES, graph_feeds, state_shape, zero_states
 from ..graphs.manifest import Manifest
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a stepper stood after its `calls`-th call: what `rewind` returns to."""
+
+    lengths: np.ndarray
+    calls: int
+    data: Any  # the stepper's own record of its states
+
+
 class Stepper:
     """Runs the graph step by step over carried states; `lengths` [b] counts the tokens each
     row has seen (rows may differ: each is written and read at its own positions)."""
+
+    ring: int | None = None  # how many calls back a checkpoint stays valid (None: any)
 
     def __init__(self, session: Any, manifest: Manifest, batch: int, capacity: int) -> None:
         self.session = session
@@ -40,25 +59,53 @@ class Stepper:
         self.has_kv = any(s.is_kv for s in self.pasts)
         self.capacity = min(max(int(capacity), 1), manifest.max_length) if self.has_kv else 0
         self.lengths = np.zeros(batch, dtype=np.int64)
+        self.calls = 0
 
-    def _feeds(self, ids: np.ndarray, all_logits: bool) -> dict[str, np.ndarray]:
+    def _feeds(self, ids: np.ndarray, all_logits: bool, last: int = 1) -> dict[str, np.ndarray]:
         """Graph inputs but the pasts for ids [b, s]; checks and advances the lengths."""
         s = ids.shape[1]
+        if not 1 <= last <= s:
+            raise GenerationError(f"logits of the last {last} positions asked of a call of {s} tokens")
         need = int(self.lengths.max(initial=0)) + s
         if need > self.manifest.max_length:
             raise GenerationError(f"{need} tokens exceed the model's max length {self.manifest.max_length}")
         if self.has_kv and need > self.capacity:
             self.grow(need)
-        feeds = graph_feeds(self.manifest.inputs, ids, self.lengths, {}, all_logits)
+        feeds = graph_feeds(self.manifest.inputs, ids, self.lengths, {}, all_logits, last)
         self.lengths = self.lengths + s
+        self.calls += 1
         return feeds
 
-    def forward(self, ids: np.ndarray, all_logits: bool = False) -> np.ndarray:
+    def forward(self, ids: np.ndarray, all_logits: bool = False, last: int = 1) -> np.ndarray:
         """Run ids [b, s] (int64, s new tokens for every row); returns the last position's
-        logits [b, V], or every position's [b, s, V] with `all_logits`.
+        logits [b, V], those of the `last` positions [b, last, V] when last > 1, or every
+        position's [b, s, V] with `all_logits`.
 
         The returned array may be a view of a buffer that the next call overwrites.
         """
+        raise NotImplementedError
+
+    def checkpoint(self) -> Checkpoint:
+        """A mark of the current states (see the module docstring)."""
+        return Checkpoint(self.lengths.copy(), self.calls, self._mark())
+
+    def rewind(self, mark: Checkpoint) -> None:
+        """Return to the states of `mark`; GenerationError when they have been overwritten
+        (more than ring - 1 calls since), or when the mark is from a later call."""
+        since = self.calls - mark.calls
+        if since < 0 or (self.ring is not None and since >= self.ring):
+            raise GenerationError(
+                f"cannot rewind {since} calls on a stepper that keeps {self.ring} sets of states; "
+                f"build it with ring > {since}"
+            )
+        self._restore(mark.data)
+        self.lengths = mark.lengths.copy()
+        self.calls = mark.calls
+
+    def _mark(self) -> Any:
+        raise NotImplementedError
+
+    def _restore(self, data: Any) -> None:
         raise NotImplementedError
 
     def grow(self, need: int) -> None:
@@ -98,11 +145,18 @@ class PlainStepper(Stepper):
         super().__init__(session, manifest, batch, capacity)
         self._states = list(zero_states(self.pasts, batch, self.capacity).values())
 
-    def forward(self, ids: np.ndarray, all_logits: bool = False) -> np.ndarray:
-        feeds = self._feeds(ids, all_logits)
+    def forward(self, ids: np.ndarray, all_logits: bool = False, last: int = 1) -> np.ndarray:
+        feeds = self._feeds(ids, all_logits, last)
         feeds.update((s.name, x) for s, x in zip(self.pasts, self._states))
         logits, *self._states = self.session.run(None, feeds)
-        return logits if all_logits else logits[:, -1]
+        return logits if all_logits or last > 1 else logits[:, -1]
+
+    # session.run returns new arrays, so a mark keeps references (set_row copies before writing).
+    def _mark(self) -> Any:
+        return list(self._states)
+
+    def _restore(self, data: Any) -> None:
+        self._states = [_fit(x, s, self.capacity) for s, x in zip(self.pasts, data)]
 
     def grow(self, need: int) -> None:
         super().grow(need)
@@ -115,6 +169,7 @@ class PlainStepper(Stepper):
         return PlainStepper(self.session, self.manifest, batch, self.capacity)
 
     def set_row(self, row: int, states: list[np.ndarray], length: int) -> None:
+        self._states = [x.copy() for x in self._states]  # marks keep the old arrays
         for s, x, new in zip(self.pasts, self._states, states):
             x[row] = _fit(new, s, self.capacity)[0]
         self.lengths[row] = length
@@ -123,14 +178,26 @@ class PlainStepper(Stepper):
 class BoundStepper(Stepper):
     """States on the session's device, bound with IO binding (see the module docstring)."""
 
-    def __init__(self, session: Any, manifest: Manifest, batch: int, capacity: int, device: tuple[str, int]) -> None:
+    def __init__(
+        self,
+        session: Any,
+        manifest: Manifest,
+        batch: int,
+        capacity: int,
+        device: tuple[str, int],
+        ring: int = 2,
+    ) -> None:
         super().__init__(session, manifest, batch, capacity)
+        if ring < 2:
+            raise ValueError(f"ring must be at least 2 (read one set, write another), got {ring}")
         self.device = device
         self.on_host = device[0] == "cpu"
+        self.ring = self.sets = ring
         self.kv = [s for s in self.pasts if s.is_kv]
         self.fixed = [s for s in self.pasts if not s.is_kv]
         self.step_logits = np.empty((batch, 1, self.vocab), dtype=np.float32)
-        self._allocate([self._zeros(s) for s in self.kv], [[self._zeros(s) for s in self.fixed]] * 2)
+        self.current = 0  # the fixed-state set the next call reads
+        self._allocate([self._zeros(s) for s in self.kv], [[self._zeros(s) for s in self.fixed]] * self.sets)
 
     def _zeros(self, spec: TensorSpec) -> np.ndarray:
         return np.zeros(state_shape(spec, self.batch, self.capacity), NUMPY_DTYPES[spec.dtype])
@@ -144,21 +211,22 @@ class BoundStepper(Stepper):
         return ort.OrtValue.ortvalue_from_numpy(x, *self.device)
 
     def _allocate(self, kv: list[np.ndarray], fixed: list[list[np.ndarray]]) -> None:
-        """Buffers from host arrays (KV, and both sets of the fixed states), and the two
-        prebound IOBindings: binding k reads fixed set k and writes set 1 - k."""
+        """Buffers from host arrays (KV, and the `ring` sets of the fixed states), and one
+        prebound IOBinding per set: binding k reads fixed set k and writes set k + 1 mod ring."""
         import onnxruntime as ort
 
         # On the CPU the arrays are the buffers; keep them (the OrtValues alias them).
         self._kv_host = [np.ascontiguousarray(x) for x in kv]
-        self._fixed_host = [[np.array(x) for x in fixed[0]], [np.array(x) for x in fixed[1]]]
+        self._fixed_host = [[np.array(x) for x in group] for group in fixed]
         self._kv_values = [self._value(x) for x in self._kv_host]
         self._fixed_values = [[self._value(x) for x in group] for group in self._fixed_host]
         self._step_value = ort.OrtValue.ortvalue_from_numpy(self.step_logits)
         out_names = [o.name for o in self.session.get_outputs()]
-        self.bindings = [self.session.io_binding(), self.session.io_binding()]
+        self.bindings = [self.session.io_binding() for _ in range(self.sets)]
         for k, binding in enumerate(self.bindings):
             # Bind every output once in graph order: get_outputs() keeps the order of first binding.
-            outputs = {present_name(s.name): v for s, v in zip(self.fixed, self._fixed_values[1 - k])}
+            written = self._fixed_values[(k + 1) % self.sets]
+            outputs = {present_name(s.name): v for s, v in zip(self.fixed, written)}
             outputs.update((present_name(s.name), v) for s, v in zip(self.kv, self._kv_values))
             for name in out_names:
                 if name in outputs:
@@ -169,11 +237,10 @@ class BoundStepper(Stepper):
                 binding.bind_ortvalue_input(s.name, value)
             for s, value in zip(self.kv, self._kv_values):
                 binding.bind_ortvalue_input(s.name, value)
-        self.parity = 0
 
-    def forward(self, ids: np.ndarray, all_logits: bool = False) -> np.ndarray:
-        feeds = self._feeds(ids, all_logits)
-        binding = self.bindings[self.parity]
+    def forward(self, ids: np.ndarray, all_logits: bool = False, last: int = 1) -> np.ndarray:
+        feeds = self._feeds(ids, all_logits, last)
+        binding = self.bindings[self.current]
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
         step = ids.shape[1] == 1 and not all_logits
@@ -182,25 +249,34 @@ class BoundStepper(Stepper):
         else:
             binding.bind_output("logits", "cpu")  # prefill: [b, n, V] on the host, once
         self.session.run_with_iobinding(binding)
-        self.parity ^= 1
+        self.current = (self.current + 1) % self.sets
         if step:
             return self.step_logits[:, -1]
         logits = binding.get_outputs()[0].numpy()
-        return logits if all_logits else logits[:, -1]
+        return logits if all_logits or last > 1 else logits[:, -1]
+
+    def _mark(self) -> Any:
+        return self.current
+
+    def _restore(self, data: Any) -> None:
+        self.current = data
 
     def _host(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """(KV, current fixed set) as host arrays: the buffers themselves on the CPU."""
-        current = self.parity
         if self.on_host:
-            return self._kv_host, self._fixed_host[current]
-        return [v.numpy() for v in self._kv_values], [v.numpy() for v in self._fixed_values[current]]
+            return self._kv_host, self._fixed_host[self.current]
+        return [v.numpy() for v in self._kv_values], [v.numpy() for v in self._fixed_values[self.current]]
 
     def grow(self, need: int) -> None:
         super().grow(need)
-        kv, fixed = self._host()
+        kv, _ = self._host()
         kv = [_fit(x, s, self.capacity) for s, x in zip(self.kv, kv)]
-        fixed = [np.array(x) for x in fixed]
-        self._allocate(kv, [fixed, [np.empty_like(x) for x in fixed]])
+        # Every set moves (not only the current one), so checkpoints stay valid across a grow.
+        if self.on_host:
+            fixed = [[np.array(x) for x in group] for group in self._fixed_host]
+        else:
+            fixed = [[v.numpy() for v in group] for group in self._fixed_values]
+        self._allocate(kv, fixed)
 
     def states(self) -> list[np.ndarray]:
         kv, fixed = self._host()
@@ -208,14 +284,14 @@ class BoundStepper(Stepper):
         return [np.array(by_name[s.name]) for s in self.pasts]
 
     def fresh(self, batch: int) -> Stepper:
-        return BoundStepper(self.session, self.manifest, batch, self.capacity, self.device)
+        return BoundStepper(self.session, self.manifest, batch, self.capacity, self.device, self.sets)
 
     def set_row(self, row: int, states: list[np.ndarray], length: int) -> None:
         new = {s.name: _fit(x, s, self.capacity)[0] for s, x in zip(self.pasts, states)}
         kv, fixed = self._host()
         for group, specs, values in (
             (kv, self.kv, self._kv_values),
-            (fixed, self.fixed, self._fixed_values[self.parity]),
+            (fixed, self.fixed, self._fixed_values[self.current]),
         ):
             for s, x, value in zip(specs, group, values):
                 x[row] = new[s.name]
@@ -225,10 +301,17 @@ class BoundStepper(Stepper):
 
 
 def new_stepper(
-    session: Any, manifest: Manifest, batch: int, device: tuple[str, int], io_binding: bool, capacity: int
+    session: Any,
+    manifest: Manifest,
+    batch: int,
+    device: tuple[str, int],
+    io_binding: bool,
+    capacity: int,
+    ring: int = 2,
 ) -> Stepper:
     """Fresh states for `batch` sequences: zero conv/ssm states, KV buffers of `capacity`
-    positions (regrown when a call needs more), lengths 0."""
+    positions (regrown when a call needs more), lengths 0. `ring`: how many sets of fixed
+    states a bound stepper keeps, so that it can rewind ring - 1 calls."""
     if io_binding:
-        return BoundStepper(session, manifest, batch, capacity, device)
+        return BoundStepper(session, manifest, batch, capacity, device, ring)
     return PlainStepper(session, manifest, batch, capacity)

@@ -23,6 +23,8 @@ from ..errors import GenerationError, HybridrtError
 # $HYBRIDRT_MAX_GENERATION_BYTES overrides it.
 MAX_GENERATION_BYTES = 8 * 2**30
 
+SCHEDULES = ("adaptive", "heuristic", "constant")  # of num_assistant_tokens (speculative decoding)
+
 
 def is_int(x: object) -> bool:
     return isinstance(x, int | np.integer) and not isinstance(x, bool)
@@ -88,6 +90,11 @@ def config_errors(cfg: Any) -> list[str]:
         None if cfg.seed is None else _int("seed", cfg.seed, 0, ""),
         None if cfg.eos_token_id is None else _token_ids("eos_token_id", cfg.eos_token_id),
         None if cfg.stop_strings is None else _strings("stop_strings", cfg.stop_strings),
+        _int("num_assistant_tokens", cfg.num_assistant_tokens, 1, ""),
+        None
+        if cfg.num_assistant_tokens_schedule in SCHEDULES
+        else f"num_assistant_tokens_schedule must be one of {', '.join(map(repr, SCHEDULES))}, "
+        f"got {_show(cfg.num_assistant_tokens_schedule)}",
     ]
     if cfg.temperature is not None:
         errors.append(_real("temperature", cfg.temperature, lambda t: t >= 0, ">= 0"))

@@ -1,0 +1,257 @@
+"""Speculative decoding: a draft model proposes tokens, the target checks them in one call.
+
+A round, for one sequence: the draft runs k steps and proposes d1..dk; the target runs its
+pending tokens and d1..dk as one call and returns the logits of the last k + 1 positions,
+p1..p(k+1). Greedy keeps the longest prefix with argmax(p_i) = d_i and then takes the
+target's own argmax at the first mismatch (or after the last draft), so the output equals
+plain greedy decoding. Sampling keeps d_i with probability min(1, p_i(d_i) / q_i(d_i)) and
+replaces the first rejected draft by a sample of max(0, p - q) renormalized, or samples
+p(k+1) when every draft is kept (Leviathan et al., 2023; transformers' speculative
+sampling): the tokens follow the target's distribution, whatever the draft proposes.
+
+Rolling back without copying states: KV needs only the lengths set back, and both models'
+fixed states rewind through their steppers' rings (hybridrt.runtime.state): the target
+returns to its states before the verify call and runs the kept drafts again at the front of
+its next verify call, so a rejection costs no extra call; the draft returns to its states
+after the last kept draft, which its ring of num_assistant_tokens + 1 sets still holds.
+
+Shapes: V = vocabulary size; one row throughout (rows of a batch run one after another).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .decode import GenerationStats, StopCheck, _record, feed
+from .sampling import GenerationConfig, distribution, draw, processed_logits
+from .state import Stepper
+
+# Longest draft a schedule may reach; a draft stepper keeps this many + 1 sets of states.
+MAX_DRAFT = 16
+# With drafting off (adaptive schedule), plain steps between one-token probes of the draft.
+PROBE = 16
+
+
+@dataclass
+class DraftSchedule:
+    """How many tokens the draft proposes next round.
+
+    "adaptive": the k that maximizes expected tokens per unit of time, (1 - a^(k+1)) / (1 - a)
+    tokens for the time of k draft steps and one verify call (k c + 1), from the running
+    per-token acceptance rate a and the ratio c of a draft step's time to a verify call's
+    (both decayed so that they follow the text); k = 0 (plain target steps) when no k
+    beats one token per call, with a one-token probe every PROBE steps to see whether the
+    draft has become useful. "heuristic": transformers' rule, +2 after a round that kept every
+    draft and -1 otherwise. "constant": always `k`.
+
+    c starts as the ratio of the two models' weight bytes (decode reads every weight once per
+    call) and follows measured times only when `timed`: for greedy decoding, whose output
+    no schedule changes, and for unseeded sampling. Seeded sampling keeps the schedule a
+    function of the tokens alone, so that one seed always gives the same text.
+    """
+
+    k: int
+    mode: str = "adaptive"
+    max_k: int = MAX_DRAFT
+    kept: float = 1.0  # decayed counts behind the acceptance rate (a prior of 1 of 2)
+    rejected: float = 1.0
+    cost: float = 0.3  # draft step / verify call, seconds over seconds
+    timed: bool = True
+    idle: int = 0  # plain steps since drafting stopped (adaptive)
+
+    @classmethod
+    def of(cls, cfg: GenerationConfig, cost: float = 0.3) -> DraftSchedule:
+        k = int(cfg.num_assistant_tokens)
+        timed = not cfg.sampling or cfg.seed is None
+        return cls(k=k, mode=cfg.num_assistant_tokens_schedule, max_k=max(k, MAX_DRAFT), cost=cost, timed=timed)
+
+    def next_k(self) -> int:
+        """Drafts for the next round (0: a plain step of the target)."""
+        if self.k == 0:
+            self.idle += 1
+            if self.idle > PROBE:
+                self.k, self.idle = 1, 0
+        return self.k
+
+    @property
+    def acceptance(self) -> float:
+        return self.kept / (self.kept + self.rejected)
+
+    def update(self, proposed: int, accepted: int, draft_step_s: float, verify_s: float) -> None:
+        """Learn from one round: `accepted` of `proposed` drafts kept."""
+        if self.mode == "heuristic":
+            self.k = self.k + 2 if accepted == proposed else max(1, self.k - 1)
+        elif self.mode == "adaptive":
+            decay = 0.9
+            self.kept = decay * self.kept + accepted
+            self.rejected = decay * self.rejected + (accepted < proposed)
+            if self.timed and verify_s > 0:
+                self.cost = decay * self.cost + (1 - decay) * draft_step_s / verify_s
+            self.k = self.best_k()
+        self.k = min(self.k, self.max_k)
+
+    def best_k(self) -> int:
+        a = min(self.acceptance, 0.999)
+        ks = np.arange(1, self.max_k + 1)
+        gain = (1 - a ** (ks + 1)) / (1 - a) / (ks * self.cost + 1)
+        return int(ks[gain.argmax()]) if gain.max() > 1 else 0
+
+
+def speculate(
+    target: Stepper,
+    draft: Stepper,
+    context: list[int],
+    cfg: GenerationConfig,
+    eos: Sequence[int],
+    stats: GenerationStats,
+    schedule: DraftSchedule,
+    history: Sequence[int] | None = None,
+    stop: StopCheck | None = None,
+) -> Iterator[np.ndarray]:
+    """Generate up to cfg.max_new_tokens after `context` (every token so far; each stepper has
+    seen a prefix of it, `lengths[0]` tokens, and at least the target has one left to run);
+    yields each new token as an int64 [1] array, recording it in `stats` as decode.generate does.
+
+    On return both steppers have again seen a prefix of context + the new tokens, so a chat
+    session can continue from them. `history` (default: context) is what the repetition
+    penalty counts as seen.
+    """
+    rng = np.random.default_rng(cfg.seed)
+    stats.tokens = [[]]
+    out = stats.tokens[0]
+    pend_t = context[int(target.lengths[0]) :]
+    pend_d = context[int(draft.lengths[0]) :]
+    stats.prompt_tokens = len(pend_t)
+    t0 = time.perf_counter()
+    logits = feed(target, np.asarray([pend_t], dtype=np.int64))[0]
+    if pend_d:
+        feed(draft, np.asarray([pend_d], dtype=np.int64))
+    stats.prefill_s = time.perf_counter() - t0
+    seen = _seen(history if history is not None else context, target.vocab) if cfg.repetition_penalty != 1.0 else None
+    eos_ids = np.asarray(eos, dtype=np.int64)
+    live = np.ones(1, dtype=bool)
+
+    def emit(token: int) -> np.ndarray:
+        nonlocal live
+        tokens = np.asarray([token], dtype=np.int64)
+        live = _record(stats.tokens, tokens, live, eos_ids, stop)
+        if seen is not None:
+            seen[token] = True
+        return tokens
+
+    def probs(row: np.ndarray, seen_row: np.ndarray | None, index: int) -> np.ndarray:
+        """The distribution [V] of the new token number `index` (0-based) from logits [V]."""
+        suppress = eos if index < cfg.min_new_tokens else ()
+        return distribution(row[None], cfg, None if seen_row is None else seen_row[None], suppress)[0]
+
+    def pick(row: np.ndarray, seen_row: np.ndarray | None, index: int) -> int:
+        suppress = eos if index < cfg.min_new_tokens else ()
+        if not cfg.sampling:
+            picked = processed_logits(row[None], cfg, None if seen_row is None else seen_row[None], suppress)
+            return int(picked[0].argmax())
+        return int(draw(probs(row, seen_row, index)[None], rng)[0])
+
+    t0 = time.perf_counter()
+    try:
+        first = pick(logits, seen, 0)
+        yield emit(first)
+        pend_t, pend_d = [first], [first]
+        while live[0] and len(out) < cfg.max_new_tokens:
+            remaining = cfg.max_new_tokens - len(out)
+            k = min(
+                schedule.next_k(),
+                remaining - 1,
+                target.manifest.max_length - int(target.lengths[0]) - len(pend_t),
+                draft.manifest.max_length - int(draft.lengths[0]) - len(pend_d) + 1,
+            )
+            if k < 1:  # drafting off, or no room left to draft: one plain step of the target
+                logits = feed(target, np.asarray([pend_t], dtype=np.int64))[0]
+                token = pick(logits, seen, len(out))
+                pend_d.append(token)
+                pend_t = [token]
+                yield emit(token)
+                stats.decode_tokens += 1
+                continue
+            # Draft k tokens; marks[i] = the draft's states once it has seen i drafts.
+            t_draft = time.perf_counter()
+            row = feed(draft, np.asarray([pend_d], dtype=np.int64))[0]
+            marks = [draft.checkpoint()]
+            drafts: list[int] = []
+            qs: list[np.ndarray] = []
+            seen_d = None if seen is None else seen.copy()
+            for i in range(k):
+                if cfg.sampling:
+                    q = probs(row, seen_d, len(out) + i)
+                    token = int(draw(q[None], rng)[0])
+                    qs.append(q)
+                else:
+                    token = pick(row, seen_d, len(out) + i)
+                drafts.append(token)
+                if seen_d is not None:
+                    seen_d[token] = True
+                if i + 1 < k:
+                    row = draft.forward(np.asarray([[token]], dtype=np.int64))[0]
+                    marks.append(draft.checkpoint())
+            t_verify = time.perf_counter()
+            draft_step_s = (t_verify - t_draft) / k
+            # Verify: the target's logits after each of its pending tokens' last and each draft.
+            before = target.checkpoint()
+            verify = target.forward(np.asarray([pend_t + drafts], dtype=np.int64), last=k + 1)[0]
+            verify_s = time.perf_counter() - t_verify
+            accepted = 0
+            seen_t = None if seen is None else seen.copy()
+            last: int | None = None
+            for i, d in enumerate(drafts):
+                if cfg.sampling:
+                    last = accept_or_replace(probs(verify[i], seen_t, len(out) + i), qs[i], d, rng)
+                elif (best := pick(verify[i], seen_t, len(out) + i)) != d:
+                    last = best
+                if last is not None:
+                    break
+                accepted += 1
+                if seen_t is not None:
+                    seen_t[d] = True
+            if last is None:  # every draft kept: one more token from the target's last logits
+                last = pick(verify[k], seen_t, len(out) + k)
+            stats.draft_tokens += k
+            stats.accepted_tokens += accepted
+            stats.rounds += 1
+            schedule.update(k, accepted, draft_step_s, verify_s)
+            for token in drafts[:accepted] + [last]:
+                yield emit(token)
+                stats.decode_tokens += 1
+                if not live[0] or len(out) == cfg.max_new_tokens:
+                    break
+            if not live[0]:
+                # Stopped inside the round: back to where both had seen only the old context.
+                target.rewind(before)
+                draft.rewind(marks[0])
+                break
+            if accepted == k:
+                pend_t, pend_d = [last], [drafts[-1], last]
+            else:
+                target.rewind(before)
+                draft.rewind(marks[accepted])
+                pend_t, pend_d = pend_t + drafts[:accepted] + [last], [last]
+    finally:
+        stats.decode_s = time.perf_counter() - t0
+
+
+def accept_or_replace(p: np.ndarray, q: np.ndarray, drafted: int, rng: np.random.Generator) -> int | None:
+    """The speculative sampling rule for one drafted token (drawn from q): None when it is
+    kept (with probability min(1, p/q)), else its replacement drawn from max(0, p - q). The
+    token that comes out is distributed as p. p, q: [V] target and draft distributions."""
+    if rng.random() * q[drafted] <= p[drafted]:
+        return None
+    residual = np.maximum(p - q, 0.0)
+    return int(draw((residual if residual.sum() > 0 else p)[None], rng)[0])
+
+
+def _seen(tokens: Sequence[int], vocab: int) -> np.ndarray:
+    seen = np.zeros(vocab, dtype=bool)
+    seen[np.asarray(tokens, dtype=np.int64)] = True
+    return seen

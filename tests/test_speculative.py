@@ -1,0 +1,175 @@
+"""Speculative decoding: a draft proposes, the target verifies in one call, states rewind.
+
+Greedy output must equal plain greedy whatever the draft (the same model keeps every draft,
+its int4 quantization some, an unrelated model none); sampling follows the target's
+distribution; rewinding a stepper returns exactly to its earlier states.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hybridrt
+from hybridrt.errors import GenerationError
+from hybridrt.quantization import quantize
+from hybridrt.runtime.speculative import DraftSchedule, accept_or_replace
+
+PROMPTS = [[5, 17, 99, 3, 250, 41, 7], [8], [100, 200, 300] * 5]
+QUICK = {"samples": 3, "seq_len": 32, "decode_steps": 2, "agreement_prompts": 4, "eval_tokens": 192, "eval_window": 128}
+
+
+@pytest.fixture(scope="module")
+def jamba_int4(jamba_onnx: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    text = tmp_path_factory.mktemp("eval") / "text.txt"
+    text.write_text(Path(hybridrt.__file__).read_text(encoding="utf-8") * 4, encoding="utf-8")
+    out = tmp_path_factory.mktemp("jamba-int4") / "model"
+    quantize(jamba_onnx, out, "int4", eval_text=text, **QUICK)
+    return out
+
+
+def _drafts(jamba_onnx: Path, jamba_int4: Path, llama_onnx: Path) -> dict[str, Path]:
+    return {"same": jamba_onnx, "int4": jamba_int4, "unrelated": llama_onnx}
+
+
+@pytest.mark.parametrize("io_binding", [True, False])
+@pytest.mark.parametrize("draft", ["same", "int4", "unrelated"])
+@pytest.mark.parametrize("schedule", ["adaptive", "heuristic", "constant"])
+def test_greedy_with_a_draft_equals_plain_greedy(
+    jamba_onnx: Path, jamba_int4: Path, llama_onnx: Path, draft: str, io_binding: bool, schedule: str
+) -> None:
+    target = hybridrt.load(jamba_onnx, io_binding=io_binding)
+    assistant = hybridrt.load(_drafts(jamba_onnx, jamba_int4, llama_onnx)[draft], io_binding=io_binding)
+    kw = dict(max_new_tokens=40, eos_token_id=[], num_assistant_tokens_schedule=schedule, num_assistant_tokens=4)
+    plain = target.generate(PROMPTS, max_new_tokens=40, eos_token_id=[])
+    out, stats = target.generate_with_stats(PROMPTS, assistant_model=assistant, **kw)
+    assert out == plain
+    assert stats.tokens == out and stats.new_tokens == 120
+    assert stats.rounds > 0 and 0 <= stats.accepted_tokens <= stats.draft_tokens
+    if draft == "same":
+        assert stats.accepted_tokens == stats.draft_tokens
+    elif draft == "int4":  # some kept, some not: both rewinds ran
+        assert 0 < stats.accepted_tokens < stats.draft_tokens
+    else:
+        assert stats.accepted_tokens < stats.draft_tokens / 2
+
+
+def test_attention_only_target_with_a_hybrid_draft(jamba_onnx: Path, llama_onnx: Path) -> None:
+    target, assistant = hybridrt.load(llama_onnx), hybridrt.load(jamba_onnx)
+    plain = target.generate(PROMPTS, max_new_tokens=30, eos_token_id=[])
+    out = target.generate(PROMPTS, assistant_model=assistant, max_new_tokens=30, eos_token_id=[])
+    assert out == plain
+    assert target.generate(PROMPTS[0], assistant_model=target, max_new_tokens=30, eos_token_id=[]) == plain[0]
+
+
+def test_stops_penalties_and_min_tokens_match_plain_decoding(jamba_onnx: Path, jamba_int4: Path) -> None:
+    target, assistant = hybridrt.load(jamba_onnx), hybridrt.load(jamba_int4)
+    free = target.generate(PROMPTS[0], max_new_tokens=40, eos_token_id=[])
+    eos = free[9]  # a token the greedy run produces: generation must stop right there
+    cases = [
+        dict(eos_token_id=eos),
+        dict(eos_token_id=eos, min_new_tokens=15),
+        dict(repetition_penalty=1.3, eos_token_id=[]),
+        dict(stop_strings=target.tokenizer.decode(free[12:14]), eos_token_id=[]),
+    ]
+    for kw in cases:
+        plain = target.generate(PROMPTS[0], max_new_tokens=40, **kw)
+        assert target.generate(PROMPTS[0], assistant_model=assistant, max_new_tokens=40, **kw) == plain, kw
+    assert target.generate(PROMPTS[0], max_new_tokens=40, eos_token_id=eos)[-1] == eos
+
+
+def test_chat_session_and_stream_with_a_draft(jamba_onnx: Path, jamba_int4: Path) -> None:
+    target, assistant = hybridrt.load(jamba_onnx), hybridrt.load(jamba_int4)
+    turns = ["def add(a, b):", " return", "\nclass"]
+    plain_chat, spec_chat = target.session(), target.session()
+    for i, turn in enumerate(turns):
+        expected = plain_chat.generate(turn, max_new_tokens=12, eos_token_id=[])
+        # The draft on some turns only: its states catch up on the conversation when it returns.
+        draft = assistant if i != 1 else None
+        assert spec_chat.generate(turn, assistant_model=draft, max_new_tokens=12, eos_token_id=[]) == expected
+        assert spec_chat.history == plain_chat.history
+    one_shot = target.generate("def add(a, b):", max_new_tokens=20, eos_token_id=[])
+    stream = target.stream("def add(a, b):", assistant_model=assistant, max_new_tokens=20, eos_token_id=[])
+    assert "".join(stream) == one_shot
+    assert stream.stats.rounds > 0 and stream.stats.new_tokens == 20
+
+
+def test_sampling_with_the_target_as_its_own_draft_keeps_every_draft(jamba_onnx: Path, jamba_int4: Path) -> None:
+    target, assistant = hybridrt.load(jamba_onnx), hybridrt.load(jamba_int4)
+    kw = dict(max_new_tokens=30, eos_token_id=[], temperature=0.8, top_k=50, seed=3)
+    out, stats = target.generate_with_stats(PROMPTS[0], assistant_model=target, **kw)
+    assert stats.accepted_tokens == stats.draft_tokens > 0  # p == q: the rule keeps everything
+    again = target.generate(PROMPTS[0], assistant_model=assistant, **kw)
+    assert again == target.generate(PROMPTS[0], assistant_model=assistant, **kw)  # seeded
+    assert len(out) == len(again) == 30
+
+
+def test_acceptance_rule_follows_the_target_distribution() -> None:
+    """Tokens drawn from q and passed through the rule are distributed as p."""
+    rng = np.random.default_rng(0)
+    p = np.array([0.5, 0.2, 0.15, 0.1, 0.05, 0.0])
+    q = np.array([0.05, 0.4, 0.05, 0.2, 0.1, 0.2])
+    n = 40_000
+    counts = np.zeros(len(p))
+    drafted = rng.choice(len(q), size=n, p=q)
+    for d in drafted:
+        replacement = accept_or_replace(p, q, int(d), rng)
+        counts[d if replacement is None else replacement] += 1
+    assert np.abs(counts / n - p).max() < 0.01
+    assert counts[5] == 0  # a token the target never picks never comes out
+    # The draft alone would be far off: the rule is doing the work.
+    assert np.abs(np.bincount(drafted, minlength=len(q)) / n - p).max() > 0.3
+
+
+@pytest.mark.parametrize("io_binding", [True, False])
+def test_rewind_returns_to_the_states_of_a_checkpoint(jamba_onnx: Path, io_binding: bool) -> None:
+    model = hybridrt.load(jamba_onnx, io_binding=io_binding)
+    stepper = model._new_stepper(1, 8, ring=4)
+    stepper.forward(np.asarray([[5, 17, 99]]))
+    mark = stepper.checkpoint()
+    first = [stepper.forward(np.asarray([[t]])).copy() for t in (4, 9)]
+    stepper.rewind(mark)
+    assert stepper.lengths.tolist() == [3]
+    # Past the KV capacity of 8: the buffers grow, and the marks stay valid.
+    again = [stepper.forward(np.asarray([[t]])).copy() for t in (4, 9)]
+    np.testing.assert_array_equal(again[0], first[0])
+    np.testing.assert_array_equal(again[1], first[1])
+    longer = stepper.forward(np.asarray([[1, 2, 3, 4]]), last=2)
+    assert longer.shape == (1, 2, model.manifest.vocab_size)
+    stepper.rewind(mark)
+    np.testing.assert_array_equal(stepper.forward(np.asarray([[4]])), first[0])
+    if io_binding:  # four sets of states: three calls back at most
+        for t in (1, 2, 3, 4):
+            stepper.forward(np.asarray([[t]]))
+        with pytest.raises(GenerationError, match="ring"):
+            stepper.rewind(mark)
+
+
+def test_bad_assistant_and_schedule_are_typed_errors(jamba_onnx: Path, default_onnx: Path) -> None:
+    target = hybridrt.load(jamba_onnx)
+    with pytest.raises(GenerationError, match="assistant_model must be a model loaded"):
+        target.generate([5, 6], assistant_model=str(jamba_onnx), max_new_tokens=4)  # type: ignore[arg-type]
+    with pytest.raises(GenerationError, match="does not share this model's tokenizer"):
+        target.generate([5, 6], assistant_model=hybridrt.load(default_onnx), max_new_tokens=4)
+    with pytest.raises(GenerationError, match="num_assistant_tokens_schedule must be one of"):
+        target.generate([5, 6], assistant_model=target, num_assistant_tokens_schedule="fast")
+    with pytest.raises(GenerationError, match="num_assistant_tokens must be an integer >= 1"):
+        target.generate([5, 6], assistant_model=target, num_assistant_tokens=0)
+
+
+def test_adaptive_schedule_follows_acceptance_and_cost() -> None:
+    good = DraftSchedule(k=5)
+    for _ in range(30):
+        good.update(good.k, good.k, draft_step_s=0.001, verify_s=0.02)  # cheap draft, all kept
+    assert good.k == good.max_k
+    bad = DraftSchedule(k=5)
+    for _ in range(30):
+        bad.update(max(bad.k, 1), 0, draft_step_s=0.005, verify_s=0.02)  # nothing kept
+    assert bad.k == 0  # drafting off: plain steps ...
+    assert [bad.next_k() for _ in range(17)][-1] == 1  # ... with a probe now and then
+    mixed = DraftSchedule(k=5)
+    for _ in range(30):
+        mixed.update(4, 2, draft_step_s=0.004, verify_s=0.02)
+    assert 1 <= mixed.k <= 6
