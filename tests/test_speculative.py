@@ -7,6 +7,7 @@ distribution; rewinding a stepper returns exactly to its earlier states.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -173,3 +174,21 @@ def test_adaptive_schedule_follows_acceptance_and_cost() -> None:
     for _ in range(30):
         mixed.update(4, 2, draft_step_s=0.004, verify_s=0.02)
     assert 1 <= mixed.k <= 6
+
+
+def test_cli_generate_and_bench_with_an_assistant(
+    jamba_onnx: Path, jamba_int4: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hybridrt.cli import main
+
+    args = ["generate", str(jamba_onnx), "def fib", "--max-new-tokens", "16", "--no-stream"]
+    assert main([*args, "--assistant", str(jamba_int4), "--num-assistant-tokens", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert out == hybridrt.load(jamba_onnx).generate("def fib", max_new_tokens=16) + "\n"
+    assert "drafted tokens kept" in err
+    bench = ["bench", str(jamba_onnx), "--assistant", str(jamba_int4), "--prompt-tokens", "8", "--new-tokens", "12"]
+    assert main([*bench, "--repeats", "1", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    spec = row["speculative"]
+    assert spec["greedy_same_as_alone"] and 0 <= spec["acceptance_rate"] <= 1
+    assert spec["decode_tokens_per_s"] > 0 and spec["tokens_per_round"] >= 1

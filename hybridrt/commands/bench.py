@@ -6,6 +6,11 @@ Workload: batch `--batch` (default 1), a `--prompt-tokens` prompt of random ids 
 128), `--new-tokens` greedy tokens (default 128, never stopped early). Each model loads,
 warms up, then the models take turns `--repeats` times, so drift in machine load hits them
 alike; the medians are reported. Sizes are the graph files' bytes.
+
+With `--assistant DRAFT`, every model also runs with DRAFT proposing tokens (speculative
+decoding, `--num-assistant-tokens`, `--schedule`) on the same workload: its decode tokens/s,
+the speed-up over the model alone, the share of drafted tokens kept, and whether its greedy
+tokens equal the model's alone (they must).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import json
 import statistics
 from pathlib import Path
 from typing import Any
+
+from ..runtime.validate import SCHEDULES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,13 +35,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--provider", default="auto", help="auto, cpu, cuda, acl, xnnpack, or a full provider name")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt ids")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--assistant", help="exported draft model: also run each model with speculative decoding")
+    p.add_argument("--num-assistant-tokens", type=int, default=5, help="drafted tokens per round to begin with")
+    p.add_argument(
+        "--schedule", default="adaptive", choices=SCHEDULES, help="how the draft length changes (default adaptive)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import GenerationError
     from .common import model_dir
 
-    for name in ("prompt_tokens", "new_tokens", "batch", "repeats"):
+    for name in ("prompt_tokens", "new_tokens", "batch", "repeats", "num_assistant_tokens"):
         if getattr(args, name) < 1:
             raise GenerationError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     results = bench([model_dir(m) for m in args.models], args)
@@ -49,8 +61,10 @@ def bench(directories: list[Path], args: argparse.Namespace) -> list[dict[str, A
     import numpy as np
 
     from ..runtime import load
+    from .common import model_dir
 
     models = [load(d, args.provider, threads=args.threads) for d in directories]
+    draft = load(model_dir(args.assistant), args.provider, threads=args.threads) if args.assistant else None
     vocab = min(m.manifest.vocab_size for m in models)
     specials = {
         t
@@ -62,16 +76,26 @@ def bench(directories: list[Path], args: argparse.Namespace) -> list[dict[str, A
     low = max([*specials, 2]) + 1  # ids above the special tokens: no EOS or BOS in the prompt
     rows = np.random.default_rng(args.seed).integers(low, vocab, (args.batch, args.prompt_tokens)).tolist()
     settings = {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens, "do_sample": False}
+    speculative = {
+        "assistant_model": draft,
+        "num_assistant_tokens": args.num_assistant_tokens,
+        "num_assistant_tokens_schedule": args.schedule,
+    }
     for model in models:
         model.generate(rows, **settings | {"max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
+        if draft is not None:
+            model.generate(rows, **settings | speculative | {"max_new_tokens": 4, "min_new_tokens": 4})
     runs: list[list[tuple[float, float]]] = [[] for _ in models]
+    spec_runs: list[list[Any]] = [[] for _ in models]
     tokens: list[Any] = [None] * len(models)
     for _ in range(args.repeats):
         for i, model in enumerate(models):
             tokens[i], stats = model.generate_with_stats(rows, **settings)
             runs[i].append((stats.prefill_ms, stats.decode_tokens_per_s))  # all rows together
+            if draft is not None:
+                spec_runs[i].append(model.generate_with_stats(rows, **settings | speculative))
     results = []
-    for directory, model, r, out in zip(directories, models, runs, tokens):
+    for directory, model, r, out, spec in zip(directories, models, runs, tokens, spec_runs):
         files = [directory / f for f in model.manifest.files if f.startswith(model.manifest.graph_file)]
         q = model.manifest.quantization or {}
         results.append(
@@ -85,6 +109,17 @@ def bench(directories: list[Path], args: argparse.Namespace) -> list[dict[str, A
                 "greedy_same_as_first": out == tokens[0],
             }
         )
+        if spec:
+            rate = statistics.median(st.decode_tokens_per_s for _, st in spec)
+            last = spec[-1][1]
+            results[-1]["speculative"] = {
+                "assistant": str(args.assistant),
+                "decode_tokens_per_s": rate,
+                "speedup": rate / results[-1]["decode_tokens_per_s"],
+                "acceptance_rate": last.acceptance_rate,
+                "tokens_per_round": last.decode_tokens / max(last.rounds, 1),
+                "greedy_same_as_alone": all(o == out for o, _ in spec),
+            }
     return results
 
 
@@ -103,4 +138,14 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             f"{name:<40}{r['quantization']:<16}{r['graph_bytes'] / 1e6:>9.1f}{size:>6.2f}x"
             f"{r['prefill_ms']:>12.1f}{r['decode_tokens_per_s']:>14.1f}{speed:>7.2f}x"
         )
+    for r in results:
+        s = r.get("speculative")
+        if s:
+            name = r["model"] if len(r["model"]) <= 38 else "..." + r["model"][-35:]
+            lines.append(
+                f"{name:<40}with {Path(s['assistant']).name}: {s['decode_tokens_per_s']:.1f} tok/s "
+                f"({s['speedup']:.2f}x alone), {100 * s['acceptance_rate']:.0f}% of drafts kept, "
+                f"{s['tokens_per_round']:.2f} tokens per verify call, "
+                f"greedy {'same' if s['greedy_same_as_alone'] else 'DIFFERENT'}"
+            )
     return "\n".join(lines)

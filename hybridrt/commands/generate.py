@@ -42,6 +42,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-fallback", action="store_true", help="run on CPU if the provider is missing")
     p.add_argument("--threads", type=int, help="CPU intra-op threads")
     p.add_argument("--no-stream", action="store_true", help="print the whole text at the end")
+    p.add_argument(
+        "--assistant", help="exported draft model of the same tokenizer: decode speculatively (same greedy output)"
+    )
+    p.add_argument(
+        "--num-assistant-tokens",
+        type=int,
+        help=f"drafted tokens per round to begin with ({DEFAULTS.num_assistant_tokens})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,9 +57,14 @@ def run(args: argparse.Namespace) -> int:
     from .common import model_dir
 
     model = load(model_dir(args.model), args.provider, allow_fallback=args.allow_fallback, threads=args.threads)
+    if args.assistant is not None:
+        draft = load(model_dir(args.assistant), args.provider, allow_fallback=args.allow_fallback, threads=args.threads)
     names = ("max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
     # Flags left out keep the model's recommended values (its manifest's `generation`).
-    kwargs = {k: getattr(args, k) for k in (*names, "seed", "stop_strings") if getattr(args, k) is not None}
+    given = (*names, "seed", "stop_strings", "num_assistant_tokens")
+    kwargs = {k: getattr(args, k) for k in given if getattr(args, k) is not None}
+    if args.assistant is not None:
+        kwargs["assistant_model"] = draft
     if args.no_stream:
         text, stats = model.generate_with_stats(args.prompt, **kwargs)
         print(text)
@@ -64,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         stats = stream.stats
     print(
         f"{stats.new_tokens} tokens on {', '.join(model.providers)}: prefill {stats.prompt_tokens} tokens in "
-        f"{stats.prefill_ms:.1f} ms, decode {stats.decode_tokens_per_s:.1f} tokens/s",
+        f"{stats.prefill_ms:.1f} ms, decode {stats.decode_tokens_per_s:.1f} tokens/s"
+        + (f", {100 * stats.acceptance_rate:.0f}% of {stats.draft_tokens} drafted tokens kept" if stats.rounds else ""),
         file=sys.stderr,
     )
     return 0

@@ -88,7 +88,8 @@ class Model:
     @property
     def weight_bytes(self) -> int:
         """Bytes of the graph and its external weights on disk."""
-        return sum(f.stat().st_size for f in self.path.iterdir() if f.suffix in (".onnx", ".data", ".pt", ".pt2"))
+        files = [self.path / f for f in self.manifest.files if f.startswith(self.manifest.graph_file)]
+        return sum(f.stat().st_size for f in files if f.is_file())
 
     def generate(self, prompt: Any, assistant_model: Model | None = None, **kwargs: Any) -> Output:
         """Generate for one prompt or a batch (each row as if alone)."""
