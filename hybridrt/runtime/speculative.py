@@ -28,7 +28,7 @@ import numpy as np
 
 from .decode import GenerationStats, StopCheck, _record, feed
 from .sampling import GenerationConfig, distribution, draw, processed_logits
-from .state import Stepper
+from .state import Checkpoint, Stepper
 
 # Longest draft a schedule may reach; a draft stepper keeps this many + 1 sets of states.
 MAX_DRAFT = 16
@@ -101,6 +101,93 @@ class DraftSchedule:
         return int(ks[gain.argmax()]) if gain.max() > 1 else 0
 
 
+class Chooser:
+    """How one sequence picks its tokens under cfg: greedy or sampled, with the repetition
+    penalty over `seen` [V] (None: no penalty) and EOS suppressed before min_new_tokens.
+    `index` below is the 0-based number of the new token being chosen."""
+
+    def __init__(
+        self, cfg: GenerationConfig, eos: Sequence[int], rng: np.random.Generator, seen: np.ndarray | None
+    ) -> None:
+        self.cfg, self.eos, self.rng, self.seen = cfg, tuple(eos), rng, seen
+
+    def _suppress(self, index: int) -> tuple[int, ...]:
+        return self.eos if index < self.cfg.min_new_tokens else ()
+
+    def probs(self, row: np.ndarray, seen: np.ndarray | None, index: int) -> np.ndarray:
+        """The distribution [V] of the token from logits [V]."""
+        return distribution(row[None], self.cfg, None if seen is None else seen[None], self._suppress(index))[0]
+
+    def pick(self, row: np.ndarray, seen: np.ndarray | None, index: int) -> int:
+        """The token from logits [V]: the argmax, or a draw from `probs`."""
+        if not self.cfg.sampling:
+            logits = processed_logits(row[None], self.cfg, None if seen is None else seen[None], self._suppress(index))
+            return int(logits[0].argmax())
+        return int(draw(self.probs(row, seen, index)[None], self.rng)[0])
+
+    def seen_copy(self) -> np.ndarray | None:
+        return None if self.seen is None else self.seen.copy()
+
+
+@dataclass
+class Proposal:
+    """A round's drafts, their distributions (sampling only), and marks[i]: the draft's
+    states once it has run i of them."""
+
+    tokens: list[int]
+    q: list[np.ndarray]
+    marks: list[Checkpoint]
+
+
+def propose(draft: Stepper, pending: Sequence[int], k: int, chooser: Chooser, index: int) -> Proposal:
+    """Run the draft over `pending` (the context it has not seen) and draft k tokens, the
+    first being new token number `index`."""
+    row = feed(draft, np.asarray([pending], dtype=np.int64))[0]
+    out = Proposal([], [], [draft.checkpoint()])
+    seen = chooser.seen_copy()
+    for i in range(k):
+        if chooser.cfg.sampling:
+            q = chooser.probs(row, seen, index + i)
+            token = int(draw(q[None], chooser.rng)[0])
+            out.q.append(q)
+        else:
+            token = chooser.pick(row, seen, index + i)
+        out.tokens.append(token)
+        if seen is not None:
+            seen[token] = True
+        if i + 1 < k:
+            row = draft.forward(np.asarray([[token]], dtype=np.int64))[0]
+            out.marks.append(draft.checkpoint())
+    return out
+
+
+def judge(verify: np.ndarray, proposal: Proposal, chooser: Chooser, index: int) -> tuple[int, int]:
+    """(drafts kept, the token after them) from the target's logits [k + 1, V] after its
+    pending tokens and each draft."""
+    seen = chooser.seen_copy()
+    for i, d in enumerate(proposal.tokens):
+        if chooser.cfg.sampling:
+            replacement = accept_or_replace(chooser.probs(verify[i], seen, index + i), proposal.q[i], d, chooser.rng)
+        else:
+            best = chooser.pick(verify[i], seen, index + i)
+            replacement = None if best == d else best
+        if replacement is not None:
+            return i, replacement
+        if seen is not None:
+            seen[d] = True
+    k = len(proposal.tokens)
+    return k, chooser.pick(verify[k], seen, index + k)  # every draft kept: one more from the target
+
+
+def draft_length(schedule: DraftSchedule, remaining: int, target: Stepper | None, pending: int, draft: Stepper) -> int:
+    """Drafts for the next round: the schedule's, within the new tokens left (the round adds
+    one of its own) and the room left in both models (`target` None: not limited here)."""
+    k = min(schedule.next_k(), remaining - 1, draft.manifest.max_length - int(draft.lengths[0]))
+    if target is not None:
+        k = min(k, target.manifest.max_length - int(target.lengths[0]) - pending)
+    return k
+
+
 def speculate(
     target: Stepper,
     draft: Stepper,
@@ -120,18 +207,18 @@ def speculate(
     session can continue from them. `history` (default: context) is what the repetition
     penalty counts as seen.
     """
-    rng = np.random.default_rng(cfg.seed)
     stats.tokens = [[]]
     out = stats.tokens[0]
     pend_t = context[int(target.lengths[0]) :]
-    pend_d = context[int(draft.lengths[0]) :]
     stats.prompt_tokens = len(pend_t)
     t0 = time.perf_counter()
     logits = feed(target, np.asarray([pend_t], dtype=np.int64))[0]
+    pend_d = context[int(draft.lengths[0]) :]
     if pend_d:
         feed(draft, np.asarray([pend_d], dtype=np.int64))
     stats.prefill_s = time.perf_counter() - t0
     seen = _seen(history if history is not None else context, target.vocab) if cfg.repetition_penalty != 1.0 else None
+    chooser = Chooser(cfg, eos, np.random.default_rng(cfg.seed), seen)
     eos_ids = np.asarray(eos, dtype=np.int64)
     live = np.ones(1, dtype=bool)
 
@@ -143,100 +230,47 @@ def speculate(
             seen[token] = True
         return tokens
 
-    def probs(row: np.ndarray, seen_row: np.ndarray | None, index: int) -> np.ndarray:
-        """The distribution [V] of the new token number `index` (0-based) from logits [V]."""
-        suppress = eos if index < cfg.min_new_tokens else ()
-        return distribution(row[None], cfg, None if seen_row is None else seen_row[None], suppress)[0]
-
-    def pick(row: np.ndarray, seen_row: np.ndarray | None, index: int) -> int:
-        suppress = eos if index < cfg.min_new_tokens else ()
-        if not cfg.sampling:
-            picked = processed_logits(row[None], cfg, None if seen_row is None else seen_row[None], suppress)
-            return int(picked[0].argmax())
-        return int(draw(probs(row, seen_row, index)[None], rng)[0])
-
     t0 = time.perf_counter()
     try:
-        first = pick(logits, seen, 0)
+        first = chooser.pick(logits, seen, 0)
         yield emit(first)
         pend_t, pend_d = [first], [first]
         while live[0] and len(out) < cfg.max_new_tokens:
-            remaining = cfg.max_new_tokens - len(out)
-            k = min(
-                schedule.next_k(),
-                remaining - 1,
-                target.manifest.max_length - int(target.lengths[0]) - len(pend_t),
-                draft.manifest.max_length - int(draft.lengths[0]) - len(pend_d) + 1,
-            )
+            k = draft_length(schedule, cfg.max_new_tokens - len(out), target, len(pend_t), draft)
             if k < 1:  # drafting off, or no room left to draft: one plain step of the target
                 logits = feed(target, np.asarray([pend_t], dtype=np.int64))[0]
-                token = pick(logits, seen, len(out))
+                token = chooser.pick(logits, seen, len(out))
                 pend_d.append(token)
                 pend_t = [token]
                 yield emit(token)
                 stats.decode_tokens += 1
                 continue
-            # Draft k tokens; marks[i] = the draft's states once it has seen i drafts.
             t_draft = time.perf_counter()
-            row = feed(draft, np.asarray([pend_d], dtype=np.int64))[0]
-            marks = [draft.checkpoint()]
-            drafts: list[int] = []
-            qs: list[np.ndarray] = []
-            seen_d = None if seen is None else seen.copy()
-            for i in range(k):
-                if cfg.sampling:
-                    q = probs(row, seen_d, len(out) + i)
-                    token = int(draw(q[None], rng)[0])
-                    qs.append(q)
-                else:
-                    token = pick(row, seen_d, len(out) + i)
-                drafts.append(token)
-                if seen_d is not None:
-                    seen_d[token] = True
-                if i + 1 < k:
-                    row = draft.forward(np.asarray([[token]], dtype=np.int64))[0]
-                    marks.append(draft.checkpoint())
+            proposal = propose(draft, pend_d, k, chooser, len(out))
             t_verify = time.perf_counter()
-            draft_step_s = (t_verify - t_draft) / k
-            # Verify: the target's logits after each of its pending tokens' last and each draft.
             before = target.checkpoint()
-            verify = target.forward(np.asarray([pend_t + drafts], dtype=np.int64), last=k + 1)[0]
-            verify_s = time.perf_counter() - t_verify
-            accepted = 0
-            seen_t = None if seen is None else seen.copy()
-            last: int | None = None
-            for i, d in enumerate(drafts):
-                if cfg.sampling:
-                    last = accept_or_replace(probs(verify[i], seen_t, len(out) + i), qs[i], d, rng)
-                elif (best := pick(verify[i], seen_t, len(out) + i)) != d:
-                    last = best
-                if last is not None:
-                    break
-                accepted += 1
-                if seen_t is not None:
-                    seen_t[d] = True
-            if last is None:  # every draft kept: one more token from the target's last logits
-                last = pick(verify[k], seen_t, len(out) + k)
+            verify = target.forward(np.asarray([pend_t + proposal.tokens], dtype=np.int64), last=k + 1)[0]
+            accepted, last = judge(verify, proposal, chooser, len(out))
+            schedule.update(k, accepted, (t_verify - t_draft) / k, time.perf_counter() - t_verify)
             stats.draft_tokens += k
             stats.accepted_tokens += accepted
             stats.rounds += 1
-            schedule.update(k, accepted, draft_step_s, verify_s)
-            for token in drafts[:accepted] + [last]:
+            for token in proposal.tokens[:accepted] + [last]:
                 yield emit(token)
                 stats.decode_tokens += 1
-                if not live[0] or len(out) == cfg.max_new_tokens:
+                if not live[0]:
                     break
             if not live[0]:
                 # Stopped inside the round: back to where both had seen only the old context.
                 target.rewind(before)
-                draft.rewind(marks[0])
+                draft.rewind(proposal.marks[0])
                 break
             if accepted == k:
-                pend_t, pend_d = [last], [drafts[-1], last]
+                pend_t, pend_d = [last], [proposal.tokens[-1], last]
             else:
                 target.rewind(before)
-                draft.rewind(marks[accepted])
-                pend_t, pend_d = pend_t + drafts[:accepted] + [last], [last]
+                draft.rewind(proposal.marks[accepted])
+                pend_t, pend_d = pend_t + proposal.tokens[:accepted] + [last], [last]
     finally:
         stats.decode_s = time.perf_counter() - t0
 
