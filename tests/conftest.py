@@ -66,3 +66,16 @@ def default_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("default-onnx") / "model"
     hybridrt.export_model(CHECKPOINT_DIR, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def jamba_int4(jamba_onnx: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Jamba quantized to int4: a draft model that keeps some of its drafts."""
+    from hybridrt.quantization import quantize
+
+    text = tmp_path_factory.mktemp("eval") / "text.txt"
+    text.write_text(Path(__file__).read_text(encoding="utf-8") * 8, encoding="utf-8")
+    out = tmp_path_factory.mktemp("jamba-int4") / "model"
+    quick = {"samples": 3, "seq_len": 32, "decode_steps": 2, "agreement_prompts": 4, "eval_tokens": 192}
+    quantize(jamba_onnx, out, "int4", eval_text=text, eval_window=128, **quick)
+    return out

@@ -18,12 +18,15 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @contextlib.contextmanager
-def running(model: Any | Callable[[], Any], wait: bool = True, **kwargs: Any) -> Iterator[Running]:
-    """Serve `model` (or a loader) with EngineConfig/ServeConfig fields from kwargs."""
+def running(
+    model: Any | Callable[[], Any], wait: bool = True, assistant: Any = None, **kwargs: Any
+) -> Iterator[Running]:
+    """Serve `model` (or a loader), with a draft model if `assistant`, with EngineConfig/ServeConfig
+    fields from kwargs."""
     engine_fields = set(EngineConfig.__dataclass_fields__)
     engine = EngineConfig(**{k: v for k, v in kwargs.items() if k in engine_fields})
     serve = ServeConfig(**{"api_key": KEY} | {k: v for k, v in kwargs.items() if k not in engine_fields})
-    eng, app = build(model, engine, serve)
+    eng, app = build(model, engine, serve, assistant)
     server = start_in_thread(eng, app)
     try:
         if wait:

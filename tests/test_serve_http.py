@@ -205,3 +205,15 @@ def test_chat_template_comes_from_the_tokenizer_config(tmp_path: Path) -> None:
     with pytest.raises(ApiError) as e:
         chat.render([{"role": "tool", "content": "x"}])
     assert e.value.status == 400 and "no tools" in e.value.message
+
+
+def test_server_with_an_assistant_answers_as_without(jamba_onnx: Path, jamba_int4: Path) -> None:
+    """`hybridrt serve --assistant`: a lone request decodes speculatively, same greedy text."""
+    model = hybridrt.load(jamba_onnx)
+    with running(model, assistant=hybridrt.load(jamba_int4), slots=2) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+        for stream in (False, True):
+            text = _complete(client, "def fibonacci(n):\n", 24, stream)
+            assert text == model.generate("def fibonacci(n):\n", max_new_tokens=24)
+        assert metric(server.url, "hybridrt_speculative_drafted_tokens_total") > 0
+        assert metric(server.url, "hybridrt_speculative_accepted_tokens_total") >= 0

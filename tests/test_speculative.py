@@ -15,20 +15,9 @@ import pytest
 
 import hybridrt
 from hybridrt.errors import GenerationError
-from hybridrt.quantization import quantize
 from hybridrt.runtime.speculative import DraftSchedule, accept_or_replace
 
 PROMPTS = [[5, 17, 99, 3, 250, 41, 7], [8], [100, 200, 300] * 5]
-QUICK = {"samples": 3, "seq_len": 32, "decode_steps": 2, "agreement_prompts": 4, "eval_tokens": 192, "eval_window": 128}
-
-
-@pytest.fixture(scope="module")
-def jamba_int4(jamba_onnx: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    text = tmp_path_factory.mktemp("eval") / "text.txt"
-    text.write_text(Path(hybridrt.__file__).read_text(encoding="utf-8") * 4, encoding="utf-8")
-    out = tmp_path_factory.mktemp("jamba-int4") / "model"
-    quantize(jamba_onnx, out, "int4", eval_text=text, **QUICK)
-    return out
 
 
 def _drafts(jamba_onnx: Path, jamba_int4: Path, llama_onnx: Path) -> dict[str, Path]:

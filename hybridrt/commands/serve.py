@@ -34,6 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=SERVE.request_timeout, help="seconds per request")
     p.add_argument("--provider", default="auto", help="auto, cpu, cuda, acl, xnnpack, or a full provider name")
     p.add_argument("--threads", type=int, help="CPU intra-op threads")
+    p.add_argument(
+        "--assistant",
+        help="exported draft model of the same tokenizer: a request alone in the server decodes speculatively",
+    )
     p.add_argument("--log-level", default="info")
 
 
@@ -50,6 +54,12 @@ def run(args: argparse.Namespace) -> int:
     name = args.model_name or (DEFAULT_NAME if args.model == DEFAULT_NAME else Path(args.model).resolve().name)
     engine = EngineConfig(args.slots, args.chunk, args.max_queue, int(args.cache_mb * 2**20))
     config = ServeConfig(name, args.api_key, args.max_body_kb * 1024, args.timeout)
-    _, app = build(lambda: load(directory, args.provider, threads=args.threads), engine, config)
+    draft = None if args.assistant is None else model_dir(args.assistant, isolated=True)
+    _, app = build(
+        lambda: load(directory, args.provider, threads=args.threads),
+        engine,
+        config,
+        None if draft is None else (lambda: load(draft, args.provider, threads=args.threads)),
+    )
     serve(app, args.host, args.port, args.log_level)
     return 0

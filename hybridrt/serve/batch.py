@@ -60,6 +60,7 @@ class Rows:
     def states(self, states: list[np.ndarray]) -> None:
         self._states = [np.ascontiguousarray(x) for x in states]
         self._bindings: list[Any] = []  # built by the next run over these arrays
+        self._undo = 0  # tokens of the last run, while undo() can take it back
 
     @classmethod
     def fresh(cls, graph: Graph, batch: int = 1, capacity: int = 0) -> Rows:
@@ -74,23 +75,37 @@ class Rows:
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.states)
 
-    def run(self, ids: np.ndarray) -> np.ndarray:
-        """Feed ids [b, s] (s new tokens for every row); returns last-position logits [b, V]."""
+    def run(self, ids: np.ndarray, last: int = 1) -> np.ndarray:
+        """Feed ids [b, s] (s new tokens for every row); returns last-position logits [b, V],
+        or those of the `last` positions [b, last, V] when last > 1."""
         s = ids.shape[1]
         self.reserve(int(self.count.max(initial=0)) + s)
         if not self._bindings:
             self._bind()
         binding = self._bindings[self._parity]
-        for name, value in graph_feeds(self.graph.inputs, ids, self.count, {}).items():
+        for name, value in graph_feeds(self.graph.inputs, ids, self.count, {}, last=last).items():
             binding.bind_cpu_input(name, value)
         binding.bind_output("logits", "cpu")
         self.graph.session.run_with_iobinding(binding)
         logits = binding.get_outputs()[0].numpy()
+        self._swap()
+        self.count = self.count + s
+        self._undo = s
+        return logits if last > 1 else logits[:, -1]
+
+    def _swap(self) -> None:
         for i in self._spares:  # the fixed-size states were written into the spares
             self._states[i], self._spares[i] = self._spares[i], self._states[i]
         self._parity ^= 1
-        self.count = self.count + s
-        return logits[:, -1]
+
+    def undo(self) -> None:
+        """Back to the states before the last run (speculative decoding's rejected drafts):
+        the fixed-size states it read are still in the spares, KV needs only the counts."""
+        if not self._undo:
+            raise ValueError("undo() follows a run() over the same arrays")
+        self._swap()
+        self.count = self.count - self._undo
+        self._undo = 0
 
     def _bind(self) -> None:
         """Two IOBindings over the current arrays and spares of the fixed-size states: binding

@@ -12,6 +12,14 @@ of its prefill to its last token. Each turn of the loop:
 A request whose prefill ends samples its first token and joins the decode batch; finished,
 cancelled and timed-out requests leave it, between steps. Greedy tokens equal
 `Model.generate` on the prompt alone: every row carries its own states, mask and positions.
+
+With an assistant (draft) model, a request that is alone in the engine (none waiting or
+prefilling) decodes speculatively (hybridrt.runtime.speculative): its draft proposes tokens,
+its row verifies them in one call, and a rejection takes that call back (`Rows.undo`) and
+leaves the kept drafts as the row's `lag`, fed at the front of its next call. Greedy tokens
+are still those of Model.generate; seeded sampling and presence/frequency penalties stay on
+plain steps, so that a seed gives the same text whatever the load. When another request is
+about to join the batch, the lag is fed first, so batched rows take one token each.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ from ..errors import HybridrtError
 from ..runtime.decode import seen_tokens
 from ..runtime.model import Model
 from ..runtime.sampling import GenerationConfig, sample
+from ..runtime.speculative import Chooser, DraftSchedule, draft_length, judge, propose
+from ..runtime.state import Stepper
 from ..runtime.text import decode
 from .batch import Graph, Rows
 from .cache import PrefixCache
@@ -78,6 +88,12 @@ class Request:
     eos: tuple[int, ...] = ()
     seen: np.ndarray | None = None  # [1, V], for the repetition penalty
     counts: np.ndarray | None = None
+    # Speculative decoding: tokens before tokens[-1] that the request's row has not seen yet,
+    # and the draft's own states and schedule.
+    lag: list[int] = field(default_factory=list)
+    draft: Stepper | None = None
+    schedule: DraftSchedule | None = None
+    chooser: Chooser | None = None
 
     def expired(self, now: float) -> bool:
         return self.timeout is not None and now - self.submitted > self.timeout
@@ -85,14 +101,20 @@ class Request:
 
 class Engine:
     def __init__(
-        self, model: Model | Callable[[], Model], config: EngineConfig | None = None, metrics: Metrics | None = None
+        self,
+        model: Model | Callable[[], Model],
+        config: EngineConfig | None = None,
+        metrics: Metrics | None = None,
+        assistant: Model | Callable[[], Model] | None = None,
     ) -> None:
         self.config = config or EngineConfig()
         self.metrics = metrics or Metrics()
         self.metrics.slots.set(self.config.slots)
         self.cache = PrefixCache(self.config.cache_bytes)
         self._load = model if callable(model) else (lambda: model)
+        self._load_assistant = assistant if callable(assistant) or assistant is None else (lambda: assistant)
         self.model: Model | None = None
+        self.assistant: Model | None = None
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.cond = threading.Condition()
@@ -139,6 +161,8 @@ class Engine:
         try:
             self.model = self._load()
             self.graph = Graph.of(self.model)
+            if self._load_assistant is not None:
+                self.assistant = self.model.check_assistant(self._load_assistant())
         except BaseException as e:  # reported by /health and the CLI
             self.error = e
             log.error("loading the model failed: %s", e)
@@ -166,7 +190,11 @@ class Engine:
         if self.prefilling:
             self._guard(self.prefilling[:1], lambda: self._prefill(self.prefilling[0]))
         if self.running:
-            self._guard(self.running, self._decode)
+            alone = len(self.running) == 1 and not self.prefilling and not self.waiting
+            if alone and self._speculates(self.running[0]):
+                self._guard(self.running, self._speculate)
+            else:
+                self._guard(self.running, self._decode)
         self.metrics.busy_slots.set(len(self.prefilling) + len(self.running))
         self.metrics.cache_bytes.set(self.cache.bytes)
         self.metrics.cache_entries.set(len(self.cache))
@@ -229,15 +257,17 @@ class Engine:
         self.prefilling.remove(req)
         self.metrics.prompt_tokens.inc(len(req.prompt))
         if self._advance(req, logits[:1]):
-            self.running.append(req)
             if self.batch is None:
                 self.batch = req.rows
             else:
+                self._feed_lag()
                 self.batch.extend(req.rows)
+            self.running.append(req)
         req.rows = None
 
     def _decode(self) -> None:
         assert self.batch is not None
+        self._feed_lag()  # after speculative rounds, when others now wait
         ids = np.asarray([[r.tokens[-1]] for r in self.running], dtype=np.int64)
         logits = self.batch.run(ids)
         keep = []
@@ -249,6 +279,58 @@ class Engine:
                 self.cache.put(req.prompt + req.tokens[:-1], self.batch.row(i), None)
         self._keep(keep)
 
+    def _speculates(self, req: Request) -> bool:
+        """Whether req's next tokens come from a speculative round (it must be alone)."""
+        seeded = req.cfg.sampling and req.cfg.seed is not None
+        return self.assistant is not None and not (seeded or req.presence_penalty or req.frequency_penalty)
+
+    def _speculate(self) -> None:
+        """One speculative round of the lone running request (see the module docstring)."""
+        assert self.batch is not None and self.assistant is not None and self.model is not None
+        req = self.running[0]
+        if req.draft is None or req.schedule is None or req.chooser is None:
+            assert req.rng is not None
+            req.schedule = self.model.draft_schedule(self.assistant, req.cfg)
+            room = min(len(req.prompt) + req.cfg.max_new_tokens + req.schedule.max_k + 2, self.assistant.max_length)
+            req.draft = self.assistant._new_stepper(1, room, ring=req.schedule.max_k + 1)
+            req.chooser = Chooser(req.cfg, req.eos, req.rng, None if req.seen is None else req.seen[0])
+        pending = req.lag + req.tokens[-1:]
+        k = draft_length(req.schedule, req.cfg.max_new_tokens - len(req.tokens), None, 0, req.draft)
+        k = min(k, self.model.max_length - int(self.batch.count[0]) - len(pending))
+        if k < 1:
+            self._decode()
+            return
+        context = req.prompt + req.tokens
+        t_draft = time.perf_counter()
+        proposal = propose(req.draft, context[int(req.draft.lengths[0]) :], k, req.chooser, len(req.tokens))
+        t_verify = time.perf_counter()
+        verify = self.batch.run(np.asarray([pending + proposal.tokens], dtype=np.int64), last=k + 1)[0]
+        accepted, last = judge(verify, proposal, req.chooser, len(req.tokens))
+        req.schedule.update(k, accepted, (t_verify - t_draft) / k, time.perf_counter() - t_verify)
+        self.metrics.drafted_tokens.inc(k)
+        self.metrics.accepted_tokens.inc(accepted)
+        for token in proposal.tokens[:accepted] + [last]:
+            if not self._emit(req, token):
+                # Finished inside the round: the row goes back to before the round's call.
+                self.batch.undo()
+                if self.cache.enabled:
+                    seen = (req.prompt + req.tokens)[: int(self.batch.count[0])]
+                    self.cache.put(seen, self.batch.row(0), None)
+                self._keep([])
+                return
+        if accepted == k:
+            req.lag = []
+        else:
+            self.batch.undo()
+            req.draft.rewind(proposal.marks[accepted])
+            req.lag = pending + proposal.tokens[:accepted]
+
+    def _feed_lag(self) -> None:
+        """Feed the lone running request's lag, so that its row has seen all but its last token."""
+        if len(self.running) == 1 and self.running[0].lag and self.batch is not None:
+            self.batch.run(np.asarray([self.running[0].lag], dtype=np.int64))
+            self.running[0].lag = []
+
     def _advance(self, req: Request, logits: np.ndarray) -> bool:
         """Sample req's next token from logits [1, V] and send it; False once req is finished."""
         assert req.rng is not None
@@ -256,6 +338,11 @@ class Engine:
         if req.counts is not None:
             logits = logits - req.presence_penalty * (req.counts > 0) - req.frequency_penalty * req.counts
         token = int(sample(logits, cfg, req.rng, req.seen, eos if len(req.tokens) < cfg.min_new_tokens else ())[0])
+        return self._emit(req, token)
+
+    def _emit(self, req: Request, token: int) -> bool:
+        """Record and send req's next token; False once req is finished."""
+        eos = req.eos
         req.tokens.append(token)
         if req.seen is not None:
             req.seen[0, token] = True

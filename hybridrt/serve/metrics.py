@@ -38,6 +38,12 @@ class Metrics:
         self.cache_hit_tokens = Counter("hybridrt_prefix_cache_hit_tokens", "Prompt tokens not prefilled", registry=r)
         self.cache_bytes = Gauge("hybridrt_prefix_cache_bytes", "Bytes of states in the prefix cache", registry=r)
         self.cache_entries = Gauge("hybridrt_prefix_cache_entries", "Entries in the prefix cache", registry=r)
+        self.drafted_tokens = Counter(
+            "hybridrt_speculative_drafted_tokens", "Tokens the assistant model proposed", registry=r
+        )
+        self.accepted_tokens = Counter(
+            "hybridrt_speculative_accepted_tokens", "Proposed tokens the model kept", registry=r
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -18,9 +18,15 @@ from .engine import Engine
 GRACEFUL_SHUTDOWN_S = 30
 
 
-def build(model: Model | Callable[[], Model], engine: EngineConfig, config: ServeConfig) -> tuple[Engine, Any]:
-    """A started engine (loading its model on its own thread) and the app over it."""
-    eng = Engine(model, engine).start()
+def build(
+    model: Model | Callable[[], Model],
+    engine: EngineConfig,
+    config: ServeConfig,
+    assistant: Model | Callable[[], Model] | None = None,
+) -> tuple[Engine, Any]:
+    """A started engine (loading its model, and the assistant model if any, on its own
+    thread) and the app over it."""
+    eng = Engine(model, engine, assistant=assistant).start()
     return eng, create_app(eng, config)
 
 
