@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODES = ("float", "int8-dynamic", "int4")
+MODES = ("float", "int8-dynamic", "int8-weight", "int4")
 SHORT, LONG, NEW, BATCH = 128, 1900, 128, 8
 
 
