@@ -18,6 +18,8 @@ class MixerContext(NamedTuple):
     embeds       [b, l, d]  the (scaled) input embeddings, for kinds that re-read them
     rope_cache   ([max_len, rd/2] cos, sin) of every position, when the model keeps them:
                             fused attention then rotates inside its operator
+    lengths      (seqlens_k [b], total [], query_seqlens [b]) int32: what every attention
+                            layer's GroupQueryAttention reads, computed once per call
     """
 
     past_lengths: torch.Tensor | None
@@ -25,3 +27,4 @@ class MixerContext(NamedTuple):
     sin: torch.Tensor | None
     embeds: torch.Tensor
     rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+    lengths: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None

@@ -134,16 +134,17 @@ class Attention(nn.Module):
         self, x: torch.Tensor, ctx: MixerContext, past_k: torch.Tensor, past_v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, l, _ = x.shape
+        h, h_kv, hd = self.h, self.h_kv, self.hd
         gate = None
         if self.output_gate:
-            q, gate = self.q_proj(x).view(b, l, self.h, 2 * self.hd).chunk(2, dim=-1)
-            q, gate = q.transpose(1, 2), gate.reshape(b, l, self.h * self.hd)
+            q4, gate = self.q_proj(x).view(b, l, h, 2 * hd).chunk(2, dim=-1)
+            q, gate = q4.reshape(b, l, h * hd), gate.reshape(b, l, h * hd)
         else:
-            q = self.q_proj(x).view(b, l, self.h, self.hd).transpose(1, 2)
-        k = self.k_proj(x).view(b, l, self.h_kv, self.hd).transpose(1, 2)
-        v = self.v_proj(x).view(b, l, self.h_kv, self.hd).transpose(1, 2)
+            q = self.q_proj(x)  # token-major [b, l, h hd], as GroupQueryAttention takes it
+        k, v = self.k_proj(x), self.v_proj(x)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q = self.q_norm(q.view(b, l, h, hd)).reshape(b, l, h * hd)
+            k = self.k_norm(k.view(b, l, h_kv, hd)).reshape(b, l, h_kv * hd)
         y, k, v = attend(q, k, v, past_k, past_v, ctx, self.scale)
         if gate is not None:
             y = y * torch.sigmoid(gate)

@@ -20,6 +20,7 @@ from ..config import HybridConfig
 from ..kinds import FFN_KINDS, layer_kind
 from .context import MixerContext
 from .layers import RMSNorm, rope_cos_sin, rope_inv_freq
+from .ops import attention_lengths
 from .state import zero_states
 
 
@@ -120,7 +121,8 @@ class HybridForCausalLM(nn.Module):
             positions = past_lengths.unsqueeze(1) + torch.arange(l, device=input_ids.device)  # [b, l]
             cos, sin = rope_cos_sin(self.inv_freq, positions)
         tables = (self.rope_cos, self.rope_sin) if self.rope_cos is not None and self.rope_sin is not None else None
-        ctx = MixerContext(past_lengths if cfg.has_attention else None, cos, sin, x, tables)
+        lengths = attention_lengths(past_lengths, l) if cfg.has_attention else None
+        ctx = MixerContext(past_lengths if cfg.has_attention else None, cos, sin, x, tables, lengths)
         out: list[torch.Tensor] = []
         i = 0
         for layer in self.model.layers:

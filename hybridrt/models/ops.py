@@ -279,6 +279,15 @@ def _kv_attention_reference(
     return grouped_attention(q, present_k, present_v, bias, scale), present_k, present_v
 
 
+def attention_lengths(past_lengths: torch.Tensor, l: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What GroupQueryAttention reads besides q, k, v, for a call of l new tokens per row after
+    past_lengths [b]: seqlens_k = tokens after the call - 1 [b], the total (an upper bound:
+    the longest row) [], query_seqlens = new tokens per row [b], all int32. Computed once per
+    call and shared by every attention layer."""
+    after = past_lengths + l
+    return (after - 1).to(torch.int32), after.max().to(torch.int32), (after - past_lengths).to(torch.int32)
+
+
 @torch.library.custom_op("hybridrt::kv_attention", mutates_args=())
 def _kv_attention_op(
     q: torch.Tensor,
@@ -286,15 +295,19 @@ def _kv_attention_op(
     v: torch.Tensor,
     past_k: torch.Tensor,
     past_v: torch.Tensor,
-    past_lengths: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    total: torch.Tensor,
+    query_seqlens: torch.Tensor,
     scale: float,
     cos_cache: torch.Tensor | None,
     sin_cache: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q [b, l, h hd], k, v [b, l, h_kv hd] (token-major, as GroupQueryAttention takes them)."""
+    """q [b, l, h hd], k, v [b, l, h_kv hd] (token-major, as GroupQueryAttention takes them);
+    the lengths as attention_lengths gives them."""
     b, l, _ = q.shape
     h_kv, hd = past_k.shape[1], past_k.shape[3]
     heads = q.shape[2] // hd
+    past_lengths = seqlens_k.long() + 1 - query_seqlens.long()
     y, pk, pv = _kv_attention_reference(
         q.view(b, l, heads, hd).transpose(1, 2),
         k.view(b, l, h_kv, hd).transpose(1, 2),
@@ -310,7 +323,7 @@ def _kv_attention_op(
 
 
 @_kv_attention_op.register_fake
-def _(q, k, v, past_k, past_v, past_lengths, scale, cos_cache, sin_cache):  # type: ignore[no-untyped-def]
+def _(q, k, v, past_k, past_v, seqlens_k, total, query_seqlens, scale, cos_cache, sin_cache):  # type: ignore[no-untyped-def]
     return torch.empty_like(q), torch.empty_like(past_k), torch.empty_like(past_v)
 
 
@@ -331,22 +344,29 @@ def attend(
     ctx: MixerContext,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """kv_attention for a mixer: q, k not yet rotated; the rotary of ctx (if any) is applied
-    here, inside the fused operator where it can run there."""
+    """kv_attention for a mixer, token-major: q [b, l, h hd], k, v [b, l, h_kv hd], not yet
+    rotated; the rotary of ctx (if any) is applied here, inside the fused operator where it
+    can run there. Returns (y [b, l, h hd], present_k, present_v)."""
     assert ctx.past_lengths is not None, "attention needs past_lengths"
-    hd = q.shape[-1]
+    b, l, _ = q.shape
+    h_kv, hd = past_k.shape[1], past_k.shape[3]
     tables = ctx.rope_cache
-    if (
-        tables is not None
-        and _FUSED
-        and hd % GQA_ROTARY_MULTIPLE == 0
-        and (2 * tables[0].shape[-1]) % GQA_ROTARY_MULTIPLE == 0
-    ):
-        return kv_attention(q, k, v, past_k, past_v, ctx.past_lengths, scale, tables)
+    rotate_inside = (
+        tables is not None and hd % GQA_ROTARY_MULTIPLE == 0 and (2 * tables[0].shape[-1]) % GQA_ROTARY_MULTIPLE == 0
+    )
+    if _FUSED and hd % GQA_HEAD_MULTIPLE == 0 and (rotate_inside or ctx.cos is None):
+        # Token-major straight into the operator: no reshapes, lengths shared by every layer.
+        seqlens_k, total, query_seqlens = ctx.lengths or attention_lengths(ctx.past_lengths, l)
+        cos_cache, sin_cache = tables if rotate_inside and tables is not None else (None, None)
+        return _kv_attention_op(q, k, v, past_k, past_v, seqlens_k, total, query_seqlens, scale, cos_cache, sin_cache)
+    q4 = q.view(b, l, q.shape[-1] // hd, hd).transpose(1, 2)
+    k4, v4 = k.view(b, l, h_kv, hd).transpose(1, 2), v.view(b, l, h_kv, hd).transpose(1, 2)
+    if rotate_inside and _FUSED and hd % GQA_HEAD_MULTIPLE == 0:
+        return kv_attention(q4, k4, v4, past_k, past_v, ctx.past_lengths, scale, tables)
     if ctx.cos is not None and ctx.sin is not None:
         cos, sin = ctx.cos.unsqueeze(1), ctx.sin.unsqueeze(1)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    return kv_attention(q, k, v, past_k, past_v, ctx.past_lengths, scale, None)
+        q4, k4 = apply_rope(q4, cos, sin), apply_rope(k4, cos, sin)
+    return kv_attention(q4, k4, v4, past_k, past_v, ctx.past_lengths, scale, None)
 
 
 def kv_attention(
@@ -377,7 +397,7 @@ def kv_attention(
             v.transpose(1, 2).reshape(b, l, h_kv * hd),
             past_k,
             past_v,
-            past_lengths,
+            *attention_lengths(past_lengths, l),
             scale,
             cos_cache,
             sin_cache,
@@ -526,17 +546,9 @@ def onnx_translations() -> dict[object, object]:
     )
     group_query_attention = values.Op(values.Opset("com.microsoft", 1), "GroupQueryAttention", gqa_schema)
 
-    def kv_attention_onnx(q, k, v, past_k, past_v, past_lengths, scale, cos_cache, sin_cache):  # type: ignore[no-untyped-def]
-        # seqlens_k = tokens after the call - 1 per row; query_seqlens = new tokens per row (all
-        # rows alike: the contract has no padding inside a call); the total is an upper bound.
+    def kv_attention_onnx(q, k, v, past_k, past_v, seqlens_k, total, query_seqlens, scale, cos_cache, sin_cache):  # type: ignore[no-untyped-def]
         h_kv, hd = past_k.shape[1], past_k.shape[3]
         heads = q.shape[2] // hd
-        int32 = 6  # onnx.TensorProto.INT32
-        l = op.Shape(q, start=1, end=2)  # [1]
-        after = op.Add(past_lengths, l)  # [b]
-        seqlens_k = op.Cast(op.Sub(after, op.Constant(value_ints=[1])), to=int32)
-        total = op.Cast(op.ReduceMax(after, keepdims=0), to=int32)
-        query_seqlens = op.Cast(op.Expand(l, op.Shape(past_lengths)), to=int32)
         return group_query_attention(
             q,
             k,
@@ -561,7 +573,15 @@ def onnx_translations() -> dict[object, object]:
             do_rotary=0 if cos_cache is None else 1,
         )
 
+    def softplus_onnx(x, beta=1.0, threshold=20.0):  # type: ignore[no-untyped-def]
+        # onnxruntime's Softplus is stable for large inputs and within 1e-9 of torch's
+        # thresholded one, so the Greater/Where of torch's decomposition are not needed.
+        if beta == 1.0:
+            return op.Softplus(x)
+        return op.Div(op.Softplus(op.Mul(x, beta)), beta)
+
     return {
+        torch.ops.aten.softplus.default: softplus_onnx,
         torch.ops.hybridrt.causal_conv.default: causal_conv_onnx,
         torch.ops.hybridrt.gated_delta.default: gated_delta_onnx,
         torch.ops.hybridrt.kv_attention.default: kv_attention_onnx,

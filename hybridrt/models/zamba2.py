@@ -102,14 +102,10 @@ class Zamba2Hybrid(nn.Module):
         self, x: torch.Tensor, ctx: MixerContext, past_k: torch.Tensor, past_v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [b, l, 2d] normed -> (o [b, l, d], k, v [b, h_kv, C, hd])."""
-        b, l, _ = x.shape
         proj = self._block[0].self_attn
         q, k, v = proj.q_proj(x), proj.k_proj(x), proj.v_proj(x)
         if self.attention_adapter:
             q, k, v = q + self.q_adapter(x), k + self.k_adapter(x), v + self.v_adapter(x)
-        q = q.view(b, l, self.h, self.hd).transpose(1, 2)
-        k = k.view(b, l, self.h_kv, self.hd).transpose(1, 2)
-        v = v.view(b, l, self.h_kv, self.hd).transpose(1, 2)
         y, k, v = attend(q, k, v, past_k, past_v, ctx, self.scale)
         return proj.o_proj(y), k, v
 
