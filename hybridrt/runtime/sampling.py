@@ -27,6 +27,11 @@ class GenerationConfig:
     manifest; `eos_token_id=[]` never stops early. `add_bos_token=True` prepends the
     tokenizer's BOS token to text prompts that lack it. A model's recommended values (its
     manifest's `generation`) replace these defaults; the caller's replace both.
+
+    `num_beams > 1` runs transformers' beam search (hybridrt.runtime.beam): `length_penalty`
+    is the exponent of the generated length that finished scores are divided by,
+    `early_stopping` (True, False or "never") when the search ends, and the best
+    `num_return_sequences` (at most num_beams) come back per prompt.
     """
 
     max_new_tokens: int = 128
@@ -40,6 +45,10 @@ class GenerationConfig:
     eos_token_id: int | Sequence[int] | None = None
     stop_strings: str | Sequence[str] | None = None
     add_bos_token: bool | None = None
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    num_return_sequences: int = 1
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> GenerationConfig:

@@ -33,6 +33,11 @@ def is_real(x: object) -> bool:
     return (is_int(x) or isinstance(x, float | np.floating)) and math.isfinite(float(x))  # type: ignore[arg-type]
 
 
+def early_stopping_never(value: object) -> bool:
+    """early_stopping="never" (compared as a str only: arrays compare element by element)."""
+    return isinstance(value, str) and value == "never"
+
+
 def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -88,6 +93,12 @@ def config_errors(cfg: Any) -> list[str]:
         None if cfg.seed is None else _int("seed", cfg.seed, 0, ""),
         None if cfg.eos_token_id is None else _token_ids("eos_token_id", cfg.eos_token_id),
         None if cfg.stop_strings is None else _strings("stop_strings", cfg.stop_strings),
+        _int("num_beams", cfg.num_beams, 1, " (1 = no beam search)"),
+        _real("length_penalty", cfg.length_penalty, lambda p: True, "(1.0 = scores per generated token)"),
+        None
+        if isinstance(cfg.early_stopping, bool | np.bool_) or early_stopping_never(cfg.early_stopping)
+        else f'early_stopping must be True, False or "never", got {_show(cfg.early_stopping)}',
+        _int("num_return_sequences", cfg.num_return_sequences, 1, ""),
     ]
     if cfg.temperature is not None:
         errors.append(_real("temperature", cfg.temperature, lambda t: t >= 0, ">= 0"))
@@ -103,7 +114,34 @@ def config_errors(cfg: Any) -> list[str]:
             f"temperature 0 means greedy decoding, which ignores {', '.join(given)}; "
             "drop them, or give a temperature > 0 to sample"
         )
+    if not found:
+        found += _beam_errors(cfg)
     return found
+
+
+def _beam_errors(cfg: Any) -> list[str]:
+    """What beam search cannot be combined with (the fields' own types already checked)."""
+    if cfg.num_return_sequences > cfg.num_beams:
+        if cfg.num_beams == 1:
+            return [
+                f"num_return_sequences={cfg.num_return_sequences} needs beam search: set num_beams >= "
+                f"{cfg.num_return_sequences} (to sample several continuations, pass the prompt several times)"
+            ]
+        return [
+            f"num_return_sequences ({cfg.num_return_sequences}) must not exceed num_beams ({cfg.num_beams}); "
+            "raise num_beams or lower num_return_sequences"
+        ]
+    if cfg.num_beams == 1:
+        return []
+    errors = []
+    if cfg.sampling:
+        errors.append(
+            f"num_beams={cfg.num_beams} runs beam search, which does not sample: drop do_sample, temperature, "
+            "top_k and top_p (or pass do_sample=False), or use num_beams=1 to sample"
+        )
+    if cfg.stop_strings is not None:
+        errors.append(f"stop_strings cannot end beam search (num_beams={cfg.num_beams}): drop them, or use num_beams=1")
+    return errors
 
 
 def check_config(cfg: Any) -> None:
