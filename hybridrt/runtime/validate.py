@@ -22,6 +22,9 @@ from ..errors import GenerationError, HybridrtError
 # Default ceiling of one generation's estimated memory (states, KV at full length, logits);
 # $HYBRIDRT_MAX_GENERATION_BYTES overrides it.
 MAX_GENERATION_BYTES = 8 * 2**30
+# Beam search divides scores by length ** length_penalty; beyond this the power overflows a
+# float at long lengths (transformers' documented values lie well inside).
+MAX_LENGTH_PENALTY = 10
 
 
 def is_int(x: object) -> bool:
@@ -94,7 +97,12 @@ def config_errors(cfg: Any) -> list[str]:
         None if cfg.eos_token_id is None else _token_ids("eos_token_id", cfg.eos_token_id),
         None if cfg.stop_strings is None else _strings("stop_strings", cfg.stop_strings),
         _int("num_beams", cfg.num_beams, 1, " (1 = no beam search)"),
-        _real("length_penalty", cfg.length_penalty, lambda p: True, "(1.0 = scores per generated token)"),
+        _real(
+            "length_penalty",
+            cfg.length_penalty,
+            lambda p: abs(p) <= MAX_LENGTH_PENALTY,
+            f"in [-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}] (1.0 = score per generated token)",
+        ),
         None
         if isinstance(cfg.early_stopping, bool | np.bool_) or early_stopping_never(cfg.early_stopping)
         else f'early_stopping must be True, False or "never", got {_show(cfg.early_stopping)}',
