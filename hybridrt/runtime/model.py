@@ -98,8 +98,8 @@ class Model:
         if cfg.num_beams > 1:
             stepper = self._new_stepper(len(prompts.rows) * cfg.num_beams, capacity)
             eos = cfg.eos_ids(self.eos_token_ids)
-            stats.tokens = beam_search(stepper, prompts.rows, cfg, eos, stats)
-            return self._format(prompts, stats.tokens, cfg.num_return_sequences), stats
+            tokens = beam_search(stepper, prompts.rows, cfg, eos, stats)
+            return self._format(prompts, tokens, cfg.num_return_sequences), stats
         stepper = self._new_stepper(len(prompts.rows), capacity)
         for _ in self._steps(stepper, prompts.rows, cfg, stats):
             pass
