@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from checkpoints import make_jamba, make_llama
+from family_checkpoints import SHARED_FAMILIES, family_checkpoint
 from fuzzing import TALLY
 
 
@@ -79,3 +80,46 @@ def jamba_int4(jamba_onnx: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     quick = {"samples": 3, "seq_len": 32, "decode_steps": 2, "agreement_prompts": 4, "eval_tokens": 192}
     quantize(jamba_onnx, out, "int4", eval_text=text, eval_window=128, **quick)
     return out
+
+
+# Every family of tests/family_checkpoints.BUILDERS, built and exported once per session for
+# the suites that run on all of them (test_families, test_beam): a module defines a `family`
+# fixture over the names and asks for `ckpt` / `exported`.
+
+
+@pytest.fixture(scope="session")
+def family_dirs() -> dict[str, Path]:
+    return {}
+
+
+@pytest.fixture(scope="session")
+def family_onnx() -> dict[str, Path]:
+    return {}
+
+
+@pytest.fixture
+def ckpt(
+    family: str, family_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Path:
+    if family in SHARED_FAMILIES:
+        return Path(request.getfixturevalue(f"{family}_dir"))
+    return family_checkpoint(family, family_dirs, tmp_path_factory)
+
+
+@pytest.fixture
+def exported(
+    family: str,
+    ckpt: Path,
+    family_onnx: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Path:
+    import hybridrt
+
+    if family in SHARED_FAMILIES:
+        return Path(request.getfixturevalue(f"{family}_onnx"))
+    if family not in family_onnx:
+        out = tmp_path_factory.mktemp(f"{family}-onnx") / "model"
+        hybridrt.export_model(ckpt, out)
+        family_onnx[family] = out
+    return family_onnx[family]

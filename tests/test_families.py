@@ -2,7 +2,8 @@
 of each, built with transformers): reference vs transformers, step-by-step decode and
 chunked prefill from a non-zero state equal to one full forward, rows of different lengths
 in one call, ONNX export parity at several lengths, greedy tokens vs transformers' generate, batches vs single
-prompts, and quantization. A new family adds a builder there and is tested by all of it."""
+prompts, and quantization. A new family adds a builder there and is tested by all of it.
+The `ckpt` and `exported` fixtures (tests/conftest.py) build each family once per session."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import TEXT
-from family_checkpoints import BUILDERS
+from family_checkpoints import BUILDERS, SHARED_FAMILIES, family_checkpoint
 
 import hybridrt
 from hybridrt.errors import UnsupportedArchitectureError
@@ -31,53 +32,6 @@ GREEDY = {"max_new_tokens": 32, "min_new_tokens": 32}
 @pytest.fixture(scope="session", params=FAMILIES)
 def family(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture(scope="session")
-def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return {}
-
-
-@pytest.fixture(scope="session")
-def family_onnx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return {}
-
-
-# Jamba and Llama checkpoints and exports are the conftest's session fixtures, shared with
-# the runtime and quantization suites.
-SHARED = ("jamba", "llama")
-
-
-def _ckpt(name: str, cache: dict[str, Path], tmp: pytest.TempPathFactory) -> Path:
-    if name not in cache:
-        cache[name] = BUILDERS[name](tmp.mktemp(name))
-    return cache[name]
-
-
-@pytest.fixture
-def ckpt(
-    family: str, family_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Path:
-    if family in SHARED:
-        return Path(request.getfixturevalue(f"{family}_dir"))
-    return _ckpt(family, family_dirs, tmp_path_factory)
-
-
-@pytest.fixture
-def exported(
-    family: str,
-    ckpt: Path,
-    family_onnx: dict[str, Path],
-    tmp_path_factory: pytest.TempPathFactory,
-    request: pytest.FixtureRequest,
-) -> Path:
-    if family in SHARED:
-        return Path(request.getfixturevalue(f"{family}_onnx"))
-    if family not in family_onnx:
-        out = tmp_path_factory.mktemp(f"{family}-onnx") / "model"
-        hybridrt.export_model(ckpt, out)
-        family_onnx[family] = out
-    return family_onnx[family]
 
 
 @pytest.fixture(scope="module")
@@ -224,8 +178,8 @@ def test_every_layer_and_feed_forward_kind_is_tested_by_a_family(
     for name in FAMILIES:
         src = (
             Path(request.getfixturevalue(f"{name}_dir"))
-            if name in SHARED
-            else _ckpt(name, family_dirs, tmp_path_factory)
+            if name in SHARED_FAMILIES
+            else family_checkpoint(name, family_dirs, tmp_path_factory)
         )
         cfg = load_config(src)[0]
         layers.update(cfg.layer_types)
@@ -264,7 +218,7 @@ def test_granite_variants_match_transformers(tmp_path: Path, overrides: dict[str
 
 def test_granite_released_layer_spelling(family_dirs: dict[str, Path], tmp_path_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Released Granite 4.0 H files name the kinds "mamba"/"attention" in `layers_block_type`."""
-    src = _ckpt("granitemoehybrid", family_dirs, tmp_path_factory)
+    src = family_checkpoint("granitemoehybrid", family_dirs, tmp_path_factory)
     new, _, hf = load_config(src)
     spelled = {"linear_attention": "mamba", "full_attention": "attention"}
     old = _with_config(
@@ -305,7 +259,7 @@ def test_granite_released_layer_spelling(family_dirs: dict[str, Path], tmp_path_
 def test_unsupported_variant_is_refused_by_field(  # type: ignore[no-untyped-def]
     name: str, field: str, value: object, family_dirs: dict[str, Path], tmp_path_factory, tmp_path: Path
 ) -> None:
-    bad = _with_config(_ckpt(name, family_dirs, tmp_path_factory), tmp_path / "bad", **{field: value})
+    bad = _with_config(family_checkpoint(name, family_dirs, tmp_path_factory), tmp_path / "bad", **{field: value})
     with pytest.raises(UnsupportedArchitectureError, match=field):
         load_config(bad)
 
@@ -317,7 +271,7 @@ def test_plain_op_mamba2_graph_bakes_in_no_chunk_count(
     (a size baked in for another that was equal at trace time)."""
     import onnx
 
-    src = _ckpt("mamba2", family_dirs, tmp_path_factory)
+    src = family_checkpoint("mamba2", family_dirs, tmp_path_factory)
     manifest = hybridrt.export_model(src, tmp_path / "out", fused_ops=False)
     graph = onnx.load(str(tmp_path / "out" / "model.onnx"))
     assert {n.domain for n in graph.graph.node} <= {"", "ai.onnx"}

@@ -77,6 +77,10 @@ PARAMETERS = (
     "eos_token_id",
     "stop_strings",
     "add_bos_token",
+    "num_beams",
+    "length_penalty",
+    "early_stopping",
+    "num_return_sequences",
 )
 
 

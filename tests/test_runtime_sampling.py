@@ -90,6 +90,11 @@ class _SessionSpy:
         {"eos_token_id": "x"},
         {"stop_strings": [""]},
         {"temprature": 0.5},
+        {"num_beams": 0},
+        {"num_beams": 2, "num_return_sequences": 3},
+        {"num_return_sequences": 2},
+        {"num_beams": 2, "do_sample": True},
+        {"early_stopping": "always"},
     ],
 )
 def test_invalid_generation_parameters_are_rejected_before_any_work(jamba_onnx: Path, kwargs: dict) -> None:
@@ -99,6 +104,38 @@ def test_invalid_generation_parameters_are_rejected_before_any_work(jamba_onnx: 
     with pytest.raises(hybridrt.GenerationError):
         model.generate(PROMPT, **kwargs)
     assert spy.used == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_beams": 0}, r"num_beams must be an integer >= 1"),
+        ({"num_beams": 2.0}, r"num_beams must be an integer >= 1"),
+        ({"num_beams": True}, r"num_beams must be an integer >= 1"),
+        ({"length_penalty": float("nan")}, r"length_penalty must be a finite number"),
+        ({"length_penalty": 2**63}, r"length_penalty must be a finite number in \[-10, 10\]"),
+        ({"early_stopping": "always"}, r'early_stopping must be True, False or "never"'),
+        ({"early_stopping": 1}, r'early_stopping must be True, False or "never"'),
+        ({"num_return_sequences": 0}, r"num_return_sequences must be an integer >= 1"),
+        ({"num_beams": 2, "num_return_sequences": 3}, r"must not exceed num_beams \(2\); raise num_beams"),
+        ({"num_return_sequences": 2}, r"needs beam search: set num_beams >= 2"),
+        ({"num_beams": 2, "do_sample": True}, r"does not sample: .*do_sample=False.*num_beams=1"),
+        ({"num_beams": 2, "top_p": 0.9}, r"does not sample"),
+        ({"num_beams": 2, "stop_strings": "\n"}, r"stop_strings cannot end beam search"),
+    ],
+)
+def test_beam_search_parameters_name_the_problem_and_the_fix(kwargs: dict, match: str) -> None:
+    with pytest.raises(hybridrt.GenerationError, match=match):
+        GenerationConfig.from_kwargs(**kwargs)
+
+
+def test_beam_search_parameters_that_work() -> None:
+    for kwargs in (
+        {"num_beams": 4, "num_return_sequences": 4, "early_stopping": "never", "length_penalty": -0.5},
+        {"num_beams": np.int64(2), "early_stopping": np.bool_(True), "do_sample": False, "temperature": 0.7},
+        {"num_beams": 2, "temperature": 0},
+    ):
+        assert GenerationConfig.from_kwargs(**kwargs).num_beams == kwargs["num_beams"]
 
 
 def test_temperature_zero_without_do_sample_is_greedy(jamba_onnx: Path) -> None:

@@ -14,6 +14,7 @@ import hybridrt
 import hybridrt.graphs.inspect, hybridrt.default_model
 model = hybridrt.load(sys.argv[1])
 assert len(model.generate([5, 6, 7], max_new_tokens=4)) == 4
+assert len(model.generate([5, 6, 7], max_new_tokens=4, num_beams=3, eos_token_id=[])) == 4
 assert isinstance(model.generate(["def", "class Stack"], max_new_tokens=4)[1], str)
 assert "".join(model.stream("def", max_new_tokens=4)) == model.generate("def", max_new_tokens=4)
 from hybridrt.cli import main

@@ -145,6 +145,8 @@ def test_bad_assistant_and_schedule_are_typed_errors(jamba_onnx: Path, default_o
         target.generate([5, 6], assistant_model=hybridrt.load(default_onnx), max_new_tokens=4)
     with pytest.raises(GenerationError, match="num_assistant_tokens_schedule must be one of"):
         target.generate([5, 6], assistant_model=target, num_assistant_tokens_schedule="fast")
+    with pytest.raises(GenerationError, match="beam search and an assistant_model do not combine"):
+        target.generate([5, 6], assistant_model=target, num_beams=2)
     with pytest.raises(GenerationError, match="num_assistant_tokens must be an integer >= 1"):
         target.generate([5, 6], assistant_model=target, num_assistant_tokens=0)
 

@@ -12,13 +12,15 @@ from ..errors import GenerationError
 from ..graphs.generation import merge
 from ..graphs.manifest import Manifest
 from . import decode as dec
+from .beam import beam_search
 from .sampling import GenerationConfig
 from .speculative import DraftSchedule, speculate
 from .state import Stepper, new_stepper
 from .text import Prompts, StreamDecoder, as_prompts, decode, need_tokenizer
 from .validate import check_eos_ids, check_memory
 
-Output = str | list[str] | list[int] | list[list[int]]
+Output = str | list[str] | list[int] | list[list[int]] | list[list[str]] | list[list[list[int]]]
+BEAMS_NEED_GENERATE = "beam search needs the whole sequence before it answers; use generate()"
 
 
 class TextStream(Iterator[str]):
@@ -44,6 +46,9 @@ class Model:
 
     generate(prompt, **GenerationConfig fields): text in -> text out (str, or list for a list);
     token ids in -> the new token ids (list[int], or one list per prompt for a batch).
+    num_beams > 1 runs beam search (as transformers'); with num_return_sequences r > 1 each
+    prompt gives a list of its r best outputs, best first (a str prompt: list[str]; ids:
+    list[list[int]]; a batch: one such list per prompt).
     generate_with_stats returns (output, GenerationStats); stream's TextStream carries .stats.
 
     assistant_model=draft (another loaded Model of the same tokenizer) decodes speculatively
@@ -103,6 +108,11 @@ class Model:
         prompts = self.prompt_rows(prompt, cfg)
         self.check_length(prompts.rows, cfg)
         if assistant_model is not None:
+            if cfg.num_beams > 1:
+                raise GenerationError(
+                    "beam search and an assistant_model do not combine: pass num_beams=1 to decode "
+                    "speculatively, or no assistant_model for beam search"
+                )
             draft = self.check_assistant(assistant_model)
             runs = []
             for row in prompts.rows:
@@ -112,7 +122,13 @@ class Model:
             stats = dec.GenerationStats.combine(runs)
             return self._format(prompts, stats.tokens), stats
         stats = dec.GenerationStats()
-        stepper = self._new_stepper(len(prompts.rows), self.capacity_for(prompts.rows, cfg))
+        capacity = self.capacity_for(prompts.rows, cfg)
+        if cfg.num_beams > 1:
+            stepper = self._new_stepper(len(prompts.rows) * cfg.num_beams, capacity)
+            eos = cfg.eos_ids(self.eos_token_ids)
+            tokens = beam_search(stepper, prompts.rows, cfg, eos, stats)
+            return self._format(prompts, tokens, cfg.num_return_sequences), stats
+        stepper = self._new_stepper(len(prompts.rows), capacity)
         for _ in self._steps(stepper, prompts.rows, cfg, stats):
             pass
         return self._format(prompts, stats.tokens), stats
@@ -120,6 +136,8 @@ class Model:
     def stream(self, prompt: str | Sequence[int], assistant_model: Model | None = None, **kwargs: Any) -> TextStream:
         """Text pieces of one prompt's continuation, as they are generated (see TextStream)."""
         cfg = self.generation_config(**kwargs)
+        if cfg.num_beams > 1:
+            raise GenerationError(BEAMS_NEED_GENERATE)
         need_tokenizer(self.tokenizer)
         prompts = self.prompt_rows(prompt, cfg)
         if not prompts.single:
@@ -232,7 +250,7 @@ class Model:
                 f"{self.max_length}; shorten the prompt or lower max_new_tokens"
             )
         check_eos_ids(cfg.eos_ids(()), self.manifest.vocab_size)
-        check_memory(self.manifest, len(rows), longest + cfg.max_new_tokens)
+        check_memory(self.manifest, len(rows) * cfg.num_beams, longest + cfg.max_new_tokens)
 
     def _steps(
         self,
@@ -273,11 +291,12 @@ class Model:
         if tail:
             yield tail
 
-    def _format(self, prompts: Prompts, tokens: list[list[int]]) -> Output:
-        if prompts.text:
-            texts = [decode(self.tokenizer, t) for t in tokens]
-            return texts[0] if prompts.single else texts
-        return tokens[0] if prompts.single else tokens
+    def _format(self, prompts: Prompts, tokens: list[list[int]], per_prompt: int = 1) -> Output:
+        """Outputs of `per_prompt` sequences per prompt (tokens: prompt-major) as generate gives them."""
+        outputs: list[Any] = [decode(self.tokenizer, t) for t in tokens] if prompts.text else tokens
+        if per_prompt > 1:
+            outputs = [outputs[i : i + per_prompt] for i in range(0, len(outputs), per_prompt)]
+        return outputs[0] if prompts.single else outputs
 
 
 class ChatSession:
@@ -322,6 +341,11 @@ class ChatSession:
     def _prepare(self, prompt: Any, kwargs: dict[str, Any]) -> tuple[GenerationConfig, Prompts]:
         m = self.model
         cfg = m.generation_config(**kwargs)
+        if cfg.num_beams > 1:
+            raise GenerationError(
+                "beam search needs the whole sequence before it answers, and a chat session answers turn "
+                "by turn; use Model.generate() on the conversation"
+            )
         # Special tokens (BOS) open a conversation, not each turn.
         prompts = m.prompt_rows(prompt, cfg, add_special_tokens=not self.history)
         if not prompts.single:

@@ -32,6 +32,11 @@ class GenerationConfig:
     round to begin with; the schedule then sets it: "adaptive" from the running acceptance
     rate and the measured cost of a draft step (hybridrt.runtime.speculative), "heuristic"
     as transformers (+2 after a round that kept every draft, -1 otherwise), "constant".
+
+    `num_beams > 1` runs transformers' beam search (hybridrt.runtime.beam): `length_penalty`
+    is the exponent of the generated length that finished scores are divided by,
+    `early_stopping` (True, False or "never") when the search ends, and the best
+    `num_return_sequences` (at most num_beams) come back per prompt.
     """
 
     max_new_tokens: int = 128
@@ -47,6 +52,10 @@ class GenerationConfig:
     add_bos_token: bool | None = None
     num_assistant_tokens: int = 5
     num_assistant_tokens_schedule: str = "adaptive"
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    num_return_sequences: int = 1
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> GenerationConfig:

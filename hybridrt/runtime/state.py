@@ -9,7 +9,9 @@ Two ways to run a step, one interface (`forward(ids) -> last-position logits`):
   allocated once, with two IOBindings prebound to the two directions. A decode step binds
   only input_ids, past_lengths and logit_positions; its logits land in one preallocated host
   buffer [b, 1, V]. On the CPU the buffers are numpy arrays the OrtValues alias, so rows can
-  be read and written without a copy through the session.
+  be read and written without a copy through the session. `reorder` (beam search) gathers
+  rows in place there; on another device it runs a Gather graph from the states into spare
+  buffers of the same shape, so states never cross to the host.
 - PlainStepper: numpy feeds through session.run, for comparison and for debugging.
 
 Rewinding (speculative decoding): `checkpoint()` marks the states after a call and
@@ -41,6 +43,7 @@ class Checkpoint:
 
     lengths: np.ndarray
     calls: int
+    epoch: int  # reorders before it
     data: Any  # the stepper's own record of its states
 
 
@@ -60,6 +63,7 @@ class Stepper:
         self.capacity = min(max(int(capacity), 1), manifest.max_length) if self.has_kv else 0
         self.lengths = np.zeros(batch, dtype=np.int64)
         self.calls = 0
+        self.epoch = 0
 
     def _feeds(self, ids: np.ndarray, all_logits: bool, last: int = 1) -> dict[str, np.ndarray]:
         """Graph inputs but the pasts for ids [b, s]; checks and advances the lengths."""
@@ -87,11 +91,13 @@ class Stepper:
 
     def checkpoint(self) -> Checkpoint:
         """A mark of the current states (see the module docstring)."""
-        return Checkpoint(self.lengths.copy(), self.calls, self._mark())
+        return Checkpoint(self.lengths.copy(), self.calls, self.epoch, self._mark())
 
     def rewind(self, mark: Checkpoint) -> None:
         """Return to the states of `mark`; GenerationError when they have been overwritten
         (more than ring - 1 calls since), or when the mark is from a later call."""
+        if mark.epoch != self.epoch:
+            raise GenerationError("cannot rewind to states from before a reorder: its rows are no longer those rows")
         since = self.calls - mark.calls
         if since < 0 or (self.ring is not None and since >= self.ring):
             raise GenerationError(
@@ -123,6 +129,17 @@ class Stepper:
 
     def fresh(self, batch: int) -> Stepper:
         """A stepper of the same kind and capacity over `batch` fresh rows."""
+        raise NotImplementedError
+
+    def reorder(self, index: np.ndarray) -> None:
+        """Row r takes every state of row index[r] (KV, conv/ssm states and its length);
+        index int64 [b], rows may repeat (beam search: each beam continues its origin).
+        Checkpoints taken before cannot be rewound to after it."""
+        self._reorder(np.asarray(index, dtype=np.int64))
+        self.lengths = self.lengths[index]
+        self.epoch += 1
+
+    def _reorder(self, index: np.ndarray) -> None:
         raise NotImplementedError
 
 
@@ -174,6 +191,9 @@ class PlainStepper(Stepper):
             x[row] = _fit(new, s, self.capacity)[0]
         self.lengths[row] = length
 
+    def _reorder(self, index: np.ndarray) -> None:
+        self._states = [x[index] for x in self._states]
+
 
 class BoundStepper(Stepper):
     """States on the session's device, bound with IO binding (see the module docstring)."""
@@ -197,6 +217,7 @@ class BoundStepper(Stepper):
         self.fixed = [s for s in self.pasts if not s.is_kv]
         self.step_logits = np.empty((batch, 1, self.vocab), dtype=np.float32)
         self.current = 0  # the fixed-state set the next call reads
+        self._gathers: dict[str, Any] = {}  # dtype -> the Gather session of `reorder` off the host
         self._allocate([self._zeros(s) for s in self.kv], [[self._zeros(s) for s in self.fixed]] * self.sets)
 
     def _zeros(self, spec: TensorSpec) -> np.ndarray:
@@ -211,8 +232,7 @@ class BoundStepper(Stepper):
         return ort.OrtValue.ortvalue_from_numpy(x, *self.device)
 
     def _allocate(self, kv: list[np.ndarray], fixed: list[list[np.ndarray]]) -> None:
-        """Buffers from host arrays (KV, and the `ring` sets of the fixed states), and one
-        prebound IOBinding per set: binding k reads fixed set k and writes set k + 1 mod ring."""
+        """Buffers from host arrays (KV, and the `ring` sets of the fixed states), bound by `_bind`."""
         import onnxruntime as ort
 
         # On the CPU the arrays are the buffers; keep them (the OrtValues alias them).
@@ -220,7 +240,13 @@ class BoundStepper(Stepper):
         self._fixed_host = [[np.array(x) for x in group] for group in fixed]
         self._kv_values = [self._value(x) for x in self._kv_host]
         self._fixed_values = [[self._value(x) for x in group] for group in self._fixed_host]
+        self._kv_spare: list[Any] = []  # a second KV set for reorder off the host, made on first use
         self._step_value = ort.OrtValue.ortvalue_from_numpy(self.step_logits)
+        self._bind()
+
+    def _bind(self) -> None:
+        """One prebound IOBinding per set of fixed states: binding k reads set k and writes set
+        k + 1 mod ring; every binding reads and writes the KV buffers."""
         out_names = [o.name for o in self.session.get_outputs()]
         self.bindings = [self.session.io_binding() for _ in range(self.sets)]
         for k, binding in enumerate(self.bindings):
@@ -298,6 +324,73 @@ class BoundStepper(Stepper):
                 if not self.on_host:
                     value.update_inplace(x)
         self.lengths[row] = length
+
+    def _reorder(self, index: np.ndarray) -> None:
+        if self.on_host:
+            for x in (*self._kv_host, *self._fixed_host[self.current]):
+                x[...] = x[index]  # in place: the bound OrtValues alias these arrays
+        else:
+            # On the device: gather the current fixed set into the next one (as a step does),
+            # and KV into a spare set that then takes the KV buffers' place.
+            following = (self.current + 1) % self.sets
+            for s, src, dst in zip(self.fixed, self._fixed_values[self.current], self._fixed_values[following]):
+                self._gather(s, src, index, dst)
+            self.current = following
+            if self.kv:
+                if not self._kv_spare:
+                    self._kv_spare = [self._empty_like(s, v) for s, v in zip(self.kv, self._kv_values)]
+                for s, src, dst in zip(self.kv, self._kv_values, self._kv_spare):
+                    self._gather(s, src, index, dst)
+                self._kv_values, self._kv_spare = self._kv_spare, self._kv_values
+                self._bind()
+
+    def _empty_like(self, spec: TensorSpec, value: Any) -> Any:
+        import onnxruntime as ort
+
+        return ort.OrtValue.ortvalue_from_shape_and_type(value.shape(), NUMPY_DTYPES[spec.dtype], *self.device)
+
+    def _gather(self, spec: TensorSpec, src: Any, index: np.ndarray, dst: Any) -> None:
+        """dst[r] = src[index[r]] on the device, through a Gather session of src's dtype
+        (built on first use, on the model session's providers)."""
+        import onnxruntime as ort
+
+        dtype = np.dtype(NUMPY_DTYPES[spec.dtype])
+        if dtype.name not in self._gathers:
+            providers = self.session.get_providers()
+            options = self.session.get_provider_options()
+            self._gathers[dtype.name] = ort.InferenceSession(
+                _gather_model(dtype), providers=providers, provider_options=[options.get(p, {}) for p in providers]
+            )
+        session = self._gathers[dtype.name]
+        binding = session.io_binding()
+        binding.bind_ortvalue_input("x", src)
+        binding.bind_cpu_input("index", index)
+        binding.bind_ortvalue_output("y", dst)
+        session.run_with_iobinding(binding)
+
+
+def _gather_model(dtype: np.dtype) -> bytes:
+    """One Gather(axis=0) of `dtype`: x [n, ...] (any rank) and index int64 [b] -> y [b, ...]."""
+    try:
+        from onnx import TensorProto, helper
+    except ImportError:
+        raise GenerationError(
+            "reordering states on a device (beam search) builds a one-node ONNX graph with the onnx "
+            "package, which is not installed: pip install onnx"
+        ) from None
+    elem = helper.np_dtype_to_tensor_dtype(dtype)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["x", "index"], ["y"], axis=0)],
+        "reorder",
+        [
+            helper.make_tensor_value_info("x", elem, None),
+            helper.make_tensor_value_info("index", TensorProto.INT64, ["b"]),
+        ],
+        [helper.make_tensor_value_info("y", elem, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8  # any onnxruntime this package supports loads IR 8 (onnx writes a newer one)
+    return bytes(model.SerializeToString())
 
 
 def new_stepper(

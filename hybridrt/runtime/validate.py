@@ -22,6 +22,9 @@ from ..errors import GenerationError, HybridrtError
 # Default ceiling of one generation's estimated memory (states, KV at full length, logits);
 # $HYBRIDRT_MAX_GENERATION_BYTES overrides it.
 MAX_GENERATION_BYTES = 8 * 2**30
+# Beam search divides scores by length ** length_penalty; beyond this the power overflows a
+# float at long lengths (transformers' documented values lie well inside).
+MAX_LENGTH_PENALTY = 10
 
 SCHEDULES = ("adaptive", "heuristic", "constant")  # of num_assistant_tokens (speculative decoding)
 
@@ -33,6 +36,11 @@ def is_int(x: object) -> bool:
 def is_real(x: object) -> bool:
     """An int or float (numpy's too) that is finite; bools are not numbers here."""
     return (is_int(x) or isinstance(x, float | np.floating)) and math.isfinite(float(x))  # type: ignore[arg-type]
+
+
+def early_stopping_never(value: object) -> bool:
+    """early_stopping="never" (compared as a str only: arrays compare element by element)."""
+    return isinstance(value, str) and value == "never"
 
 
 def _show(value: object) -> str:
@@ -95,6 +103,17 @@ def config_errors(cfg: Any) -> list[str]:
         if cfg.num_assistant_tokens_schedule in SCHEDULES
         else f"num_assistant_tokens_schedule must be one of {', '.join(map(repr, SCHEDULES))}, "
         f"got {_show(cfg.num_assistant_tokens_schedule)}",
+        _int("num_beams", cfg.num_beams, 1, " (1 = no beam search)"),
+        _real(
+            "length_penalty",
+            cfg.length_penalty,
+            lambda p: abs(p) <= MAX_LENGTH_PENALTY,
+            f"in [-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}] (1.0 = score per generated token)",
+        ),
+        None
+        if isinstance(cfg.early_stopping, bool | np.bool_) or early_stopping_never(cfg.early_stopping)
+        else f'early_stopping must be True, False or "never", got {_show(cfg.early_stopping)}',
+        _int("num_return_sequences", cfg.num_return_sequences, 1, ""),
     ]
     if cfg.temperature is not None:
         errors.append(_real("temperature", cfg.temperature, lambda t: t >= 0, ">= 0"))
@@ -110,7 +129,34 @@ def config_errors(cfg: Any) -> list[str]:
             f"temperature 0 means greedy decoding, which ignores {', '.join(given)}; "
             "drop them, or give a temperature > 0 to sample"
         )
+    if not found:
+        found += _beam_errors(cfg)
     return found
+
+
+def _beam_errors(cfg: Any) -> list[str]:
+    """What beam search cannot be combined with (the fields' own types already checked)."""
+    if cfg.num_return_sequences > cfg.num_beams:
+        if cfg.num_beams == 1:
+            return [
+                f"num_return_sequences={cfg.num_return_sequences} needs beam search: set num_beams >= "
+                f"{cfg.num_return_sequences} (to sample several continuations, pass the prompt several times)"
+            ]
+        return [
+            f"num_return_sequences ({cfg.num_return_sequences}) must not exceed num_beams ({cfg.num_beams}); "
+            "raise num_beams or lower num_return_sequences"
+        ]
+    if cfg.num_beams == 1:
+        return []
+    errors = []
+    if cfg.sampling:
+        errors.append(
+            f"num_beams={cfg.num_beams} runs beam search, which does not sample: drop do_sample, temperature, "
+            "top_k and top_p (or pass do_sample=False), or use num_beams=1 to sample"
+        )
+    if cfg.stop_strings is not None:
+        errors.append(f"stop_strings cannot end beam search (num_beams={cfg.num_beams}): drop them, or use num_beams=1")
+    return errors
 
 
 def check_config(cfg: Any) -> None:
