@@ -225,3 +225,20 @@ def test_stream_and_chat_session_refuse_beam_search(llama_onnx: Path) -> None:
         chat.generate("def f", num_beams=2)
     with pytest.raises(hybridrt.GenerationError, match="beam search"):
         chat.stream("def f", num_beams=2)
+
+
+def test_cli_generate_with_beams(jamba_onnx: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hybridrt.cli import main
+
+    model = hybridrt.load(jamba_onnx)
+    args = ["generate", str(jamba_onnx), "def fib", "--max-new-tokens", "6", "--num-beams", "3"]
+    assert main([*args, "--num-return-sequences", "2", "--length-penalty", "0.5", "--early-stopping", "true"]) == 0
+    out = capsys.readouterr().out
+    want = model.generate(
+        "def fib", max_new_tokens=6, num_beams=3, num_return_sequences=2, length_penalty=0.5, early_stopping=True
+    )
+    assert out == f"# 1\n{want[0]}\n# 2\n{want[1]}\n"
+    assert main(args) == 0
+    assert capsys.readouterr().out == model.generate("def fib", max_new_tokens=6, num_beams=3) + "\n"
+    assert main([*args, "--num-return-sequences", "4"]) == 2
+    assert "--num-return-sequences (4) must not exceed --num-beams (3)" in capsys.readouterr().err

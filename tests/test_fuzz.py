@@ -476,6 +476,9 @@ def _cli_cases(onnx: Path, ckpt: Path, tmp: Path, rng: random.Random) -> Iterato
             "--threads",
             "--provider",
             "--num-assistant-tokens",
+            "--num-beams",
+            "--num-return-sequences",
+            "--length-penalty",
         ],
         "eval": ["--window", "--stride", "--threads", "--provider"],
         "bench": [

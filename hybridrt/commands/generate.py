@@ -42,6 +42,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-fallback", action="store_true", help="run on CPU if the provider is missing")
     p.add_argument("--threads", type=int, help="CPU intra-op threads")
     p.add_argument("--no-stream", action="store_true", help="print the whole text at the end")
+    p.add_argument("--num-beams", type=int, help="beam search over this many beams (printed at the end; default 1)")
+    p.add_argument("--num-return-sequences", type=int, help="with beams: the best this many, each after a '# n' line")
+    p.add_argument("--length-penalty", type=float, help="with beams: finished scores / length ** this (default 1.0)")
+    p.add_argument(
+        "--early-stopping",
+        choices=["true", "false", "never"],
+        help="with beams: when the search ends, as transformers (default false)",
+    )
     p.add_argument(
         "--assistant", help="exported draft model of the same tokenizer: decode speculatively (same greedy output)"
     )
@@ -61,11 +69,19 @@ def run(args: argparse.Namespace) -> int:
         draft = load(model_dir(args.assistant), args.provider, allow_fallback=args.allow_fallback, threads=args.threads)
     names = ("max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
     # Flags left out keep the model's recommended values (its manifest's `generation`).
-    given = (*names, "seed", "stop_strings", "num_assistant_tokens")
+    beams = ("num_beams", "num_return_sequences", "length_penalty")
+    given = (*names, "seed", "stop_strings", "num_assistant_tokens", *beams)
     kwargs = {k: getattr(args, k) for k in given if getattr(args, k) is not None}
+    if args.early_stopping is not None:
+        kwargs["early_stopping"] = {"true": True, "false": False}.get(args.early_stopping, args.early_stopping)
     if args.assistant is not None:
         kwargs["assistant_model"] = draft
-    if args.no_stream:
+    if (args.num_beams or 1) > 1:  # beam search answers once the search ends
+        out, stats = model.generate_with_stats(args.prompt, **kwargs)
+        texts = out if isinstance(out, list) else [out]
+        for i, text in enumerate(texts):
+            print(f"# {i + 1}\n{text}" if len(texts) > 1 else text)
+    elif args.no_stream:
         text, stats = model.generate_with_stats(args.prompt, **kwargs)
         print(text)
     else:
