@@ -27,7 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODES = ("float", "int8-dynamic", "int8-weight", "int4")
+MODES = ("float", "int8-dynamic", "int8-weight", "int4", "int4-vocab4")
+# How each quantized mode is made: hybridrt quantize's mode and options.
+QUANTIZE = {
+    "int8-dynamic": ("int8-dynamic", {}),
+    "int8-weight": ("int8-weight", {}),
+    "int4": ("int4", {}),
+    "int4-vocab4": ("int4", {"vocab_bits": 4}),  # embedding/LM head in 4 bits too, as onnxruntime-genai's int4
+}
 SHORT, LONG, NEW, BATCH = 128, 1900, 128, 8
 
 
@@ -53,7 +60,8 @@ def prepare(config: Path, work: Path) -> dict[str, Path]:
         if not (dirs[mode] / "hybridrt.json").exists():
             from hybridrt.quantization import quantize
 
-            quantize(dirs["float"], dirs[mode], mode)
+            how, options = QUANTIZE[mode]
+            quantize(dirs["float"], dirs[mode], how, **options)
     return dirs | {"hf": ckpt}
 
 

@@ -197,6 +197,11 @@ def test_rotary_runs_inside_group_query_attention(tmp_path: Path) -> None:
     attention = [n for n in nodes if n.op_type == "GroupQueryAttention"]
     assert len(attention) == 2
     assert all({a.name: a.i for a in n.attribute}["do_rotary"] == 1 for n in attention)
+    # One projection for query, key and value, in the operator's packed form.
+    assert all(list(n.input[1:3]) == ["", ""] for n in attention)
+    packed = [n for n in nodes if n.op_type == "MatMul" and "/qkv_proj/" in n.name]
+    assert len(packed) == 2 and not any("/q_proj/" in n.name or "/k_proj/" in n.name for n in nodes)
+    assert manifest.provenance["fused_norms"]["packed_qkv"] == 2
     prompt = list(range(5, 30))
     hf = AutoModelForCausalLM.from_pretrained(src).eval()
     with torch.no_grad():

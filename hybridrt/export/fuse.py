@@ -188,3 +188,79 @@ def _quiet_optimizer_logs() -> None:
     # The shape inference logs a warning per comparison it cannot decide ("-seq + total_len < 0").
     for name in ("fusion_skiplayernorm", "onnx_model", "symbolic_shape_infer", "shape_infer_helper"):
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def pack_qkv(model: onnx.ModelProto) -> int:
+    """One MatMul for the query, key and value projections of each GroupQueryAttention, in place.
+
+    Where the node's query, key and value come from three MatMuls of one input by constant
+    weights (each optionally plus a constant bias) and feed nothing else, the weights are
+    concatenated into one [d, (h + 2 h_kv) hd] initializer, and the node takes the packed
+    projection as its query with key and value left out (the operator's packed-QKV form). A
+    decode step then runs one matrix product (one MatMulNBits once quantized) instead of
+    three. Returns how many nodes were packed; projections of another shape (adapters added,
+    a gate split off the query, per-head norms) are left as they are."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output if o}
+    uses = Counter(i for n in graph.node for i in n.input if i)
+    uses.update(o.name for o in graph.output)
+
+    def projection(name: str) -> tuple[onnx.NodeProto, onnx.NodeProto | None, str] | None:
+        """(MatMul, bias Add or None, X) when `name` is X @ W (+ b) used once."""
+        node = producer.get(name)
+        add = None
+        if node is not None and node.op_type == "Add" and uses[name] == 1:
+            bias = [i for i in node.input if i in inits]
+            other = [i for i in node.input if i not in inits]
+            if len(bias) != 1 or len(other) != 1:
+                return None
+            add, name, node = node, other[0], producer.get(other[0])
+        if node is None or node.op_type != "MatMul" or uses[name] != 1 or node.input[1] not in inits:
+            return None
+        if len(inits[node.input[1]].dims) != 2:
+            return None
+        return node, add, node.input[0]
+
+    packed = 0
+    removed: set[str] = set()
+    for gqa in [n for n in graph.node if n.op_type == "GroupQueryAttention"]:
+        if len(gqa.input) < 3 or not all(gqa.input[:3]):
+            continue
+        parts = [projection(i) for i in gqa.input[:3]]
+        if any(p is None for p in parts) or len({p[2] for p in parts if p}) != 1:
+            continue
+        found = [p for p in parts if p is not None]
+        if len({a is None for _, a, _ in found}) != 1:
+            continue  # bias on some projections only
+        matmuls = [m for m, _, _ in found]
+        weights = [numpy_helper.to_array(inits[m.input[1]]) for m in matmuls]
+        base = matmuls[0].name.rsplit("/q_proj/", 1)[0] if "/q_proj/" in matmuls[0].name else matmuls[0].name
+        w_name, out = f"{base}/qkv_proj.weight", f"{base}/qkv_proj/output"
+        graph.initializer.append(numpy_helper.from_array(np.concatenate(weights, axis=1), w_name))
+        new = [onnx.helper.make_node("MatMul", [found[0][2], w_name], [out], name=f"{base}/qkv_proj/MatMul")]
+        if found[0][1] is not None:
+            biases = [numpy_helper.to_array(inits[next(i for i in a.input if i in inits)]) for _, a, _ in found if a]
+            b_name, product = f"{base}/qkv_proj.bias", f"{base}/qkv_proj/product"
+            graph.initializer.append(numpy_helper.from_array(np.concatenate(biases), b_name))
+            new[0].output[0] = product
+            new.append(onnx.helper.make_node("Add", [product, b_name], [out], name=f"{base}/qkv_proj/Add"))
+        nodes = list(graph.node)
+        at = min(nodes.index(m) for m in matmuls)
+        for node in reversed(new):
+            graph.node.insert(at, node)
+        for m, a, _ in found:
+            graph.node.remove(m)
+            removed.add(m.input[1])
+            if a is not None:
+                graph.node.remove(a)
+                removed.update(i for i in a.input if i in inits)
+        gqa.input[0], gqa.input[1], gqa.input[2] = out, "", ""
+        packed += 1
+    still = {i for n in graph.node for i in n.input}
+    for t in [t for t in graph.initializer if t.name in removed and t.name not in still]:
+        graph.initializer.remove(t)
+    return packed

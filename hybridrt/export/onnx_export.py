@@ -79,8 +79,10 @@ def to_onnx(
     fusion = None
     if fuse_norms:
         from .fuse import fuse_norms as fuse
+        from .fuse import pack_qkv
 
         fusion = fuse(model)
+        fusion["packed_qkv"] = pack_qkv(model)
     n_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     save_onnx(model, path, external=n_bytes > EXTERNAL_DATA_THRESHOLD)
     check_graph(path)
