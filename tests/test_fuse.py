@@ -68,7 +68,10 @@ def test_fusion_keeps_the_contract_and_replaces_seven_nodes_per_norm(jamba_onnx:
     assert read_manifest(jamba_onnx).outputs == read_manifest(unfused_onnx).outputs
     ops = [n.op_type for n in fused.graph.node]
     n_norms, n_skip = sum(op in FUSED for op in ops), ops.count("SkipSimplifiedLayerNormalization")
-    assert len(plain.graph.node) - len(fused.graph.node) == 6 * n_norms + n_skip
+    # ... and the three projections before each GroupQueryAttention became one MatMul.
+    packed = read_manifest(jamba_onnx).provenance["fused_norms"]["packed_qkv"]
+    assert packed == ops.count("GroupQueryAttention") > 0
+    assert len(plain.graph.node) - len(fused.graph.node) == 6 * n_norms + n_skip + 2 * packed
     assert not {n.op_type for n in plain.graph.node} & set(FUSED)
     assert read_manifest(unfused_onnx).provenance["fused_norms"] is False
 
