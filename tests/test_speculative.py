@@ -183,3 +183,29 @@ def test_cli_generate_and_bench_with_an_assistant(
     spec = row["speculative"]
     assert spec["greedy_same_as_alone"] and 0 <= spec["acceptance_rate"] <= 1
     assert spec["decode_tokens_per_s"] > 0 and spec["tokens_per_round"] >= 1
+
+
+def test_verify_calls_stay_short_when_drafts_are_rejected(jamba_onnx: Path, jamba_int4: Path) -> None:
+    """A recurrent target runs the drafts it kept again after a rejection, once: its pending
+    tokens never pile up from round to round (they did, each call longer than the last)."""
+    from hybridrt.runtime.decode import GenerationStats
+    from hybridrt.runtime.speculative import speculate
+
+    target, draft = hybridrt.load(jamba_onnx), hybridrt.load(jamba_int4)
+    cfg = target.generation_config(max_new_tokens=60, eos_token_id=[], num_assistant_tokens_schedule="constant")
+    schedule = target.draft_schedule(draft, cfg)
+    steppers = target.draft_steppers(draft, len(PROMPTS[0]), cfg, schedule)
+    lengths: list[int] = []
+    forward = steppers[0].forward
+
+    def counted(ids: np.ndarray, all_logits: bool = False, last: int = 1) -> np.ndarray:
+        lengths.append(ids.shape[1])
+        return forward(ids, all_logits, last)
+
+    steppers[0].forward = counted  # type: ignore[method-assign]
+    stats = GenerationStats()
+    for _ in speculate(*steppers, list(PROMPTS[0]), cfg, [], stats, schedule):
+        pass
+    assert stats.tokens[0] == target.generate(PROMPTS[0], max_new_tokens=60, eos_token_id=[])
+    assert 0 < stats.accepted_tokens < stats.draft_tokens
+    assert max(lengths[1:]) <= cfg.num_assistant_tokens + 1  # after the prompt: drafts + one token

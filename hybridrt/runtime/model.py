@@ -198,7 +198,8 @@ class Model:
 
     def draft_schedule(self, draft: Model, cfg: GenerationConfig) -> DraftSchedule:
         """How many tokens `draft` proposes per round, starting from the size ratio of the two."""
-        return DraftSchedule.of(cfg, cost=draft.weight_bytes / max(self.weight_bytes, 1))
+        recurrent = any(not s.is_kv for s in self.manifest.pasts)
+        return DraftSchedule.of(cfg, cost=draft.weight_bytes / max(self.weight_bytes, 1), recurrent=recurrent)
 
     def draft_steppers(
         self, draft: Model, length: int, cfg: GenerationConfig, schedule: DraftSchedule

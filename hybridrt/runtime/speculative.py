@@ -10,10 +10,12 @@ p(k+1) when every draft is kept (Leviathan et al., 2023; transformers' speculati
 sampling): the tokens follow the target's distribution, whatever the draft proposes.
 
 Rolling back without copying states: KV needs only the lengths set back, and both models'
-fixed states rewind through their steppers' rings (hybridrt.runtime.state): the target
-returns to its states before the verify call and runs the kept drafts again at the front of
-its next verify call, so a rejection costs no extra call; the draft returns to its states
-after the last kept draft, which its ring of num_assistant_tokens + 1 sets still holds.
+fixed states rewind through their steppers' rings (hybridrt.runtime.state). The draft
+returns to its states after the last kept draft, which its ring of num_assistant_tokens + 1
+sets still holds. A verify call leaves the target's recurrent (SSM, conv) states only after
+its last token, so after a rejection the target returns to its states before the call and
+runs the kept drafts again, at the start of the next round; an attention-only target just
+keeps the kept drafts' keys and values where the call wrote them.
 
 Shapes: V = vocabulary size; one row throughout (rows of a batch run one after another).
 """
@@ -41,7 +43,8 @@ class DraftSchedule:
     """How many tokens the draft proposes next round.
 
     "adaptive": the k that maximizes expected tokens per unit of time, (1 - a^(k+1)) / (1 - a)
-    tokens for the time of k draft steps and one verify call (k c + 1), from the running
+    tokens for the time of k draft steps and one verify call (k c + 1, plus one more target
+    call when a recurrent target rejects a draft and runs the kept ones again), from the running
     per-token acceptance rate a and the ratio c of a draft step's time to a verify call's
     (both decayed so that they follow the text); k = 0 (plain target steps) when no k
     beats one token per call, with a one-token probe every PROBE steps to see whether the
@@ -61,13 +64,15 @@ class DraftSchedule:
     rejected: float = 1.0
     cost: float = 0.3  # draft step / verify call, seconds over seconds
     timed: bool = True
+    rerun: float = 0.0  # extra target calls a rejection costs: 1 for a recurrent target
     idle: int = 0  # plain steps since drafting stopped (adaptive)
 
     @classmethod
-    def of(cls, cfg: GenerationConfig, cost: float = 0.3) -> DraftSchedule:
+    def of(cls, cfg: GenerationConfig, cost: float = 0.3, recurrent: bool = True) -> DraftSchedule:
         k = int(cfg.num_assistant_tokens)
         timed = not cfg.sampling or cfg.seed is None
-        return cls(k=k, mode=cfg.num_assistant_tokens_schedule, max_k=max(k, MAX_DRAFT), cost=cost, timed=timed)
+        mode, top = cfg.num_assistant_tokens_schedule, max(k, MAX_DRAFT)
+        return cls(k=k, mode=mode, max_k=top, cost=cost, timed=timed, rerun=1.0 if recurrent else 0.0)
 
     def next_k(self) -> int:
         """Drafts for the next round (0: a plain step of the target)."""
@@ -97,7 +102,7 @@ class DraftSchedule:
     def best_k(self) -> int:
         a = min(self.acceptance, 0.999)
         ks = np.arange(1, self.max_k + 1)
-        gain = (1 - a ** (ks + 1)) / (1 - a) / (ks * self.cost + 1)
+        gain = (1 - a ** (ks + 1)) / (1 - a) / (ks * self.cost + 1 + (1 - a**ks) * self.rerun)
         return int(ks[gain.argmax()]) if gain.max() > 1 else 0
 
 
@@ -248,6 +253,11 @@ def speculate(
             t_draft = time.perf_counter()
             proposal = propose(draft, pend_d, k, chooser, len(out))
             t_verify = time.perf_counter()
+            if len(pend_t) > 1:
+                # Drafts kept last round, taken back out of the recurrent states with the rest
+                # of that call: run them again, so that a rewind never reaches before them.
+                feed(target, np.asarray([pend_t[:-1]], dtype=np.int64))
+                pend_t = pend_t[-1:]
             before = target.checkpoint()
             verify = target.forward(np.asarray([pend_t + proposal.tokens], dtype=np.int64), last=k + 1)[0]
             accepted, last = judge(verify, proposal, chooser, len(out))
@@ -267,10 +277,15 @@ def speculate(
                 break
             if accepted == k:
                 pend_t, pend_d = [last], [proposal.tokens[-1], last]
-            else:
+                continue
+            draft.rewind(proposal.marks[accepted])
+            pend_d = [last]
+            if target.recurrent:
                 target.rewind(before)
-                draft.rewind(proposal.marks[accepted])
-                pend_t, pend_d = pend_t + proposal.tokens[:accepted] + [last], [last]
+                pend_t = pend_t + proposal.tokens[:accepted] + [last]
+            else:  # attention only: the kept drafts' keys and values are already in place
+                target.lengths = before.lengths + len(pend_t) + accepted
+                pend_t = [last]
     finally:
         stats.decode_s = time.perf_counter() - t0
 

@@ -63,6 +63,9 @@ class Stepper:
         self.capacity = min(max(int(capacity), 1), manifest.max_length) if self.has_kv else 0
         self.lengths = np.zeros(batch, dtype=np.int64)
         self.calls = 0
+        # Whether any state is recurrent (conv, SSM): without one, forgetting tokens is only
+        # setting the lengths back (their keys and values stay unread).
+        self.recurrent = any(not s.is_kv for s in self.pasts)
         self.epoch = 0
 
     def _feeds(self, ids: np.ndarray, all_logits: bool, last: int = 1) -> dict[str, np.ndarray]:

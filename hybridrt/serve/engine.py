@@ -16,7 +16,8 @@ cancelled and timed-out requests leave it, between steps. Greedy tokens equal
 With an assistant (draft) model, a request that is alone in the engine (none waiting or
 prefilling) decodes speculatively (hybridrt.runtime.speculative): its draft proposes tokens,
 its row verifies them in one call, and a rejection takes that call back (`Rows.undo`) and
-leaves the kept drafts as the row's `lag`, fed at the front of its next call. Greedy tokens
+leaves the kept drafts as the row's `lag`, run again before its next verify call (an
+attention-only model keeps their keys and values and only sets its count back). Greedy tokens
 are still those of Model.generate; seeded sampling and presence/frequency penalties stay on
 plain steps, so that a seed gives the same text whatever the load. When another request is
 about to join the batch, the lag is fed first, so batched rows take one token each.
@@ -161,6 +162,7 @@ class Engine:
         try:
             self.model = self._load()
             self.graph = Graph.of(self.model)
+            self.graph_recurrent = any(not spec.is_kv for spec in self.graph.pasts)
             if self._load_assistant is not None:
                 self.assistant = self.model.check_assistant(self._load_assistant())
         except BaseException as e:  # reported by /health and the CLI
@@ -294,9 +296,8 @@ class Engine:
             room = min(len(req.prompt) + req.cfg.max_new_tokens + req.schedule.max_k + 2, self.assistant.max_length)
             req.draft = self.assistant._new_stepper(1, room, ring=req.schedule.max_k + 1)
             req.chooser = Chooser(req.cfg, req.eos, req.rng, None if req.seen is None else req.seen[0])
-        pending = req.lag + req.tokens[-1:]
         k = draft_length(req.schedule, req.cfg.max_new_tokens - len(req.tokens), None, 0, req.draft)
-        k = min(k, self.model.max_length - int(self.batch.count[0]) - len(pending))
+        k = min(k, self.model.max_length - int(self.batch.count[0]) - len(req.lag) - 1)
         if k < 1:
             self._decode()
             return
@@ -304,6 +305,8 @@ class Engine:
         t_draft = time.perf_counter()
         proposal = propose(req.draft, context[int(req.draft.lengths[0]) :], k, req.chooser, len(req.tokens))
         t_verify = time.perf_counter()
+        self._feed_lag()  # kept drafts of the last round: an undo must not reach before them
+        pending = req.tokens[-1:]
         verify = self.batch.run(np.asarray([pending + proposal.tokens], dtype=np.int64), last=k + 1)[0]
         accepted, last = judge(verify, proposal, req.chooser, len(req.tokens))
         req.schedule.update(k, accepted, (t_verify - t_draft) / k, time.perf_counter() - t_verify)
@@ -319,11 +322,13 @@ class Engine:
                 self._keep([])
                 return
         if accepted == k:
-            req.lag = []
-        else:
+            return
+        req.draft.rewind(proposal.marks[accepted])
+        if self.graph_recurrent:
             self.batch.undo()
-            req.draft.rewind(proposal.marks[accepted])
             req.lag = pending + proposal.tokens[:accepted]
+        else:  # attention only: the kept drafts' keys and values are already in place
+            self.batch.count = self.batch.count - (k - accepted)
 
     def _feed_lag(self) -> None:
         """Feed the lone running request's lag, so that its row has seen all but its last token."""
