@@ -44,11 +44,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("build/bench"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    hybridrt.runtime.share_thread_pool(args.threads)  # target and draft take turns on one pool
     rows = []
     for pair in args.pair:
         target_dir, draft_dir = pair.split("=", 1)
-        target = hybridrt.load(target_dir, threads=args.threads)
-        draft = hybridrt.load(draft_dir, threads=args.threads)
+        target, draft = hybridrt.load(target_dir), hybridrt.load(draft_dir)
         prompts = prompts_of(target, args.text, args.prompts, args.prompt_tokens)
         greedy = {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens, "do_sample": False}
         target.generate(prompts[0], **greedy | {"max_new_tokens": 4, "min_new_tokens": 4})  # warm-up

@@ -209,3 +209,28 @@ def test_verify_calls_stay_short_when_drafts_are_rejected(jamba_onnx: Path, jamb
     assert stats.tokens[0] == target.generate(PROMPTS[0], max_new_tokens=60, eos_token_id=[])
     assert 0 < stats.accepted_tokens < stats.draft_tokens
     assert max(lengths[1:]) <= cfg.num_assistant_tokens + 1  # after the prompt: drafts + one token
+
+
+def test_share_thread_pool_comes_first(jamba_onnx: Path, jamba_int4: Path, tmp_path: Path) -> None:
+    """In a fresh process, target and draft share one pool and still decode exactly; once a
+    session is open it is too late, and the call says so."""
+    import subprocess
+    import sys
+
+    from hybridrt.errors import ProviderError
+    from hybridrt.runtime import share_thread_pool
+
+    code = (
+        "import sys, json, hybridrt\n"
+        "hybridrt.runtime.share_thread_pool(2)\n"
+        "t, d = hybridrt.load(sys.argv[1]), hybridrt.load(sys.argv[2])\n"
+        "kw = dict(max_new_tokens=20, eos_token_id=[])\n"
+        "print(json.dumps([t.generate([5, 17, 99], **kw), t.generate([5, 17, 99], assistant_model=d, **kw)]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(jamba_onnx), str(jamba_int4)], capture_output=True, text=True, check=True
+    )
+    plain, spec = json.loads(done.stdout.strip().splitlines()[-1])
+    assert plain == spec == hybridrt.load(jamba_onnx).generate([5, 17, 99], max_new_tokens=20, eos_token_id=[])
+    with pytest.raises(ProviderError, match="before the first hybridrt.load"):
+        share_thread_pool(2)

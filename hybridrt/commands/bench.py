@@ -58,11 +58,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def bench(directories: list[Path], args: argparse.Namespace) -> list[dict[str, Any]]:
+    import os
+
     import numpy as np
 
-    from ..runtime import load
+    from ..runtime import load, share_thread_pool
     from .common import model_dir
 
+    if args.assistant is not None:  # two sessions taking turns: one thread pool for both
+        share_thread_pool(args.threads or os.cpu_count() or 1, strict=False)
     models = [load(d, args.provider, threads=args.threads) for d in directories]
     draft = load(model_dir(args.assistant), args.provider, threads=args.threads) if args.assistant else None
     vocab = min(m.manifest.vocab_size for m in models)

@@ -61,9 +61,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runtime import load
+    import os
+
+    from ..runtime import load, share_thread_pool
     from .common import model_dir
 
+    if args.assistant is not None:  # two sessions taking turns: one thread pool for both
+        share_thread_pool(args.threads or os.cpu_count() or 1, strict=False)
     model = load(model_dir(args.model), args.provider, allow_fallback=args.allow_fallback, threads=args.threads)
     if args.assistant is not None:
         draft = load(model_dir(args.assistant), args.provider, allow_fallback=args.allow_fallback, threads=args.threads)

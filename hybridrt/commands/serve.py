@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..default_model import DEFAULT_NAME
-    from ..runtime import load
+    from ..runtime import load, share_thread_pool
     from ..serve.server import build, serve
     from .common import model_dir
 
@@ -55,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     engine = EngineConfig(args.slots, args.chunk, args.max_queue, int(args.cache_mb * 2**20))
     config = ServeConfig(name, args.api_key, args.max_body_kb * 1024, args.timeout)
     draft = None if args.assistant is None else model_dir(args.assistant, isolated=True)
+    if draft is not None:  # two sessions taking turns: one thread pool for both
+        share_thread_pool(args.threads or os.cpu_count() or 1, strict=False)
     _, app = build(
         lambda: load(directory, args.provider, threads=args.threads),
         engine,

@@ -4,7 +4,7 @@ Never imports torch, directly or through another hybridrt module.
 """
 
 from .decode import GenerationStats
-from .loader import load
+from .loader import load, share_thread_pool
 from .model import ChatSession, Model, TextStream
 from .providers import select_providers
 from .router import LengthRouter
@@ -19,4 +19,5 @@ __all__ = [
     "TextStream",
     "load",
     "select_providers",
+    "share_thread_pool",
 ]
