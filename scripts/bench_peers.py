@@ -268,26 +268,18 @@ def main() -> None:
                 | child("torch", str(dirs["hf"]), args.threads)
             )
             print(json.dumps(rows[-1]), flush=True)
-    for spec in args.gguf:
-        label, path = spec.split("=", 1)
-        model, mode = label.rsplit(":", 1) if ":" in label else (label, Path(path).stem)
-        r = (
-            child("llama_cpp", path, args.threads)
-            if installed("llama_cpp")
-            else {"error": "llama-cpp-python not installed"}
-        )
-        rows.append({"model": model, "runtime": "llama.cpp", "mode": mode} | r)
-        print(json.dumps(rows[-1]), flush=True)
-    for spec in args.genai:
-        label, path = spec.split("=", 1)
-        model, mode = label.rsplit(":", 1) if ":" in label else (label, "")
-        r = (
-            child("genai", path, args.threads)
-            if installed("onnxruntime_genai")
-            else {"error": "onnxruntime-genai not installed"}
-        )
-        rows.append({"model": model, "runtime": "onnxruntime-genai", "mode": mode} | r)
-        print(json.dumps(rows[-1]), flush=True)
+    peers = (
+        (args.gguf, "llama_cpp", "llama.cpp", "llama-cpp-python"),
+        (args.genai, "onnxruntime_genai", "onnxruntime-genai", "onnxruntime-genai"),
+    )
+    for specs, module, runtime, package in peers:
+        for spec in specs:
+            label, path = spec.split("=", 1)
+            model, mode = label.rsplit(":", 1) if ":" in label else (label, Path(path).stem)
+            kind = "llama_cpp" if module == "llama_cpp" else "genai"
+            r = child(kind, path, args.threads) if installed(module) else {"error": f"{package} not installed"}
+            rows.append({"model": model, "runtime": runtime, "mode": mode} | r)
+            print(json.dumps(rows[-1]), flush=True)
     (args.out / "bench.json").write_text(json.dumps(rows, indent=2))
     (args.out / "bench.md").write_text(table(rows) + "\n")
     plot(rows, args.out / "bench.png")
