@@ -36,6 +36,8 @@ from .state import Checkpoint, Stepper
 MAX_DRAFT = 16
 # With drafting off (adaptive schedule), plain steps between one-token probes of the draft.
 PROBE = 16
+# Plain steps the adaptive schedule runs first, to time one step of the target.
+WARMUP = 2
 
 
 @dataclass
@@ -54,7 +56,11 @@ class DraftSchedule:
     c starts as the ratio of the two models' weight bytes (decode reads every weight once per
     call) and follows measured times only when `timed`: for greedy decoding, whose output
     no schedule changes, and for unseeded sampling. Seeded sampling keeps the schedule a
-    function of the tokens alone, so that one seed always gives the same text.
+    function of the tokens alone, so that one seed always gives the same text. When timed,
+    the adaptive schedule also runs its first WARMUP steps plain to time a target step, and
+    stops drafting whenever its rounds yield fewer tokens per second than plain steps do
+    (small models, whose calls cost mostly their fixed overhead, are where the model above
+    is too hopeful).
     """
 
     k: int
@@ -66,16 +72,23 @@ class DraftSchedule:
     timed: bool = True
     rerun: float = 0.0  # extra target calls a rejection costs: 1 for a recurrent target
     idle: int = 0  # plain steps since drafting stopped (adaptive)
+    warmup: int = 0  # plain steps still to run first (adaptive, timed)
+    step_s: float = 0.0  # decayed seconds of one plain target step (0: not measured yet)
+    round_rate: float = 0.0  # decayed tokens per second of drafting rounds
 
     @classmethod
     def of(cls, cfg: GenerationConfig, cost: float = 0.3, recurrent: bool = True) -> DraftSchedule:
         k = int(cfg.num_assistant_tokens)
         timed = not cfg.sampling or cfg.seed is None
         mode, top = cfg.num_assistant_tokens_schedule, max(k, MAX_DRAFT)
-        return cls(k=k, mode=mode, max_k=top, cost=cost, timed=timed, rerun=1.0 if recurrent else 0.0)
+        warmup = WARMUP if mode == "adaptive" and timed else 0
+        return cls(k, mode, top, cost=cost, timed=timed, rerun=1.0 if recurrent else 0.0, warmup=warmup)
 
     def next_k(self) -> int:
         """Drafts for the next round (0: a plain step of the target)."""
+        if self.warmup > 0:
+            self.warmup -= 1
+            return 0
         if self.k == 0:
             self.idle += 1
             if self.idle > PROBE:
@@ -86,8 +99,13 @@ class DraftSchedule:
     def acceptance(self) -> float:
         return self.kept / (self.kept + self.rejected)
 
-    def update(self, proposed: int, accepted: int, draft_step_s: float, verify_s: float) -> None:
-        """Learn from one round: `accepted` of `proposed` drafts kept."""
+    def observe_step(self, seconds: float) -> None:
+        """Learn from one plain one-token step of the target."""
+        self.step_s = seconds if self.step_s == 0 else 0.8 * self.step_s + 0.2 * seconds
+
+    def update(self, proposed: int, accepted: int, draft_step_s: float, verify_s: float, round_s: float = 0.0) -> None:
+        """Learn from one round: `accepted` of `proposed` drafts kept; round_s is the whole
+        round's time (drafting, any re-run, verifying)."""
         if self.mode == "heuristic":
             self.k = self.k + 2 if accepted == proposed else max(1, self.k - 1)
         elif self.mode == "adaptive":
@@ -97,6 +115,11 @@ class DraftSchedule:
             if self.timed and verify_s > 0:
                 self.cost = decay * self.cost + (1 - decay) * draft_step_s / verify_s
             self.k = self.best_k()
+            if self.timed and round_s > 0:
+                rate = (accepted + 1) / round_s
+                self.round_rate = rate if self.round_rate == 0 else 0.8 * self.round_rate + 0.2 * rate
+                if self.step_s > 0 and self.round_rate * self.step_s < 1:
+                    self.k = 0  # measured: plain steps are faster
         self.k = min(self.k, self.max_k)
 
     def best_k(self) -> int:
@@ -243,7 +266,10 @@ def speculate(
         while live[0] and len(out) < cfg.max_new_tokens:
             k = draft_length(schedule, cfg.max_new_tokens - len(out), target, len(pend_t), draft)
             if k < 1:  # drafting off, or no room left to draft: one plain step of the target
+                t_step = time.perf_counter()
                 logits = feed(target, np.asarray([pend_t], dtype=np.int64))[0]
+                if len(pend_t) == 1:
+                    schedule.observe_step(time.perf_counter() - t_step)
                 token = chooser.pick(logits, seen, len(out))
                 pend_d.append(token)
                 pend_t = [token]
@@ -261,7 +287,8 @@ def speculate(
             before = target.checkpoint()
             verify = target.forward(np.asarray([pend_t + proposal.tokens], dtype=np.int64), last=k + 1)[0]
             accepted, last = judge(verify, proposal, chooser, len(out))
-            schedule.update(k, accepted, (t_verify - t_draft) / k, time.perf_counter() - t_verify)
+            t_end = time.perf_counter()
+            schedule.update(k, accepted, (t_verify - t_draft) / k, t_end - t_verify, t_end - t_draft)
             stats.draft_tokens += k
             stats.accepted_tokens += accepted
             stats.rounds += 1

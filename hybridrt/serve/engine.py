@@ -299,7 +299,11 @@ class Engine:
         k = draft_length(req.schedule, req.cfg.max_new_tokens - len(req.tokens), None, 0, req.draft)
         k = min(k, self.model.max_length - int(self.batch.count[0]) - len(req.lag) - 1)
         if k < 1:
+            t_step = time.perf_counter()
+            lagging = bool(req.lag)
             self._decode()
+            if not lagging:
+                req.schedule.observe_step(time.perf_counter() - t_step)
             return
         context = req.prompt + req.tokens
         t_draft = time.perf_counter()
@@ -309,7 +313,8 @@ class Engine:
         pending = req.tokens[-1:]
         verify = self.batch.run(np.asarray([pending + proposal.tokens], dtype=np.int64), last=k + 1)[0]
         accepted, last = judge(verify, proposal, req.chooser, len(req.tokens))
-        req.schedule.update(k, accepted, (t_verify - t_draft) / k, time.perf_counter() - t_verify)
+        t_end = time.perf_counter()
+        req.schedule.update(k, accepted, (t_verify - t_draft) / k, t_end - t_verify, t_end - t_draft)
         self.metrics.drafted_tokens.inc(k)
         self.metrics.accepted_tokens.inc(accepted)
         for token in proposal.tokens[:accepted] + [last]:
