@@ -15,7 +15,7 @@ import pytest
 
 import hybridrt
 from hybridrt.errors import GenerationError
-from hybridrt.runtime.speculative import DraftSchedule, accept_or_replace
+from hybridrt.runtime.speculative import PROBE, DraftSchedule, accept_or_replace
 
 PROMPTS = [[5, 17, 99, 3, 250, 41, 7], [8], [100, 200, 300] * 5]
 
@@ -161,7 +161,7 @@ def test_adaptive_schedule_follows_acceptance_and_cost() -> None:
     for _ in range(30):
         bad.update(max(bad.k, 1), 0, draft_step_s=0.005, verify_s=0.02)  # nothing kept
     assert bad.k == 0  # drafting off: plain steps ...
-    assert [bad.next_k() for _ in range(17)][-1] == 1  # ... with a probe now and then
+    assert [bad.next_k() for _ in range(PROBE + 1)][-1] == 1  # ... with a probe now and then
     mixed = DraftSchedule(k=5)
     for _ in range(30):
         mixed.update(4, 2, draft_step_s=0.004, verify_s=0.02)

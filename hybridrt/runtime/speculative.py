@@ -34,8 +34,9 @@ from .state import Checkpoint, Stepper
 
 # Longest draft a schedule may reach; a draft stepper keeps this many + 1 sets of states.
 MAX_DRAFT = 16
-# With drafting off (adaptive schedule), plain steps between one-token probes of the draft.
-PROBE = 16
+# With drafting off (adaptive schedule), plain steps between one-token probes of the draft
+# (a probe costs the draft a call over every token it missed, and the target a re-run).
+PROBE = 64
 # Plain steps the adaptive schedule runs first, to time one step of the target.
 WARMUP = 2
 
@@ -72,6 +73,7 @@ class DraftSchedule:
     timed: bool = True
     rerun: float = 0.0  # extra target calls a rejection costs: 1 for a recurrent target
     idle: int = 0  # plain steps since drafting stopped (adaptive)
+    probe: int = PROBE  # plain steps between probes: doubles after each probe that fails
     warmup: int = 0  # plain steps still to run first (adaptive, timed)
     step_s: float = 0.0  # decayed seconds of one plain target step (0: not measured yet)
     round_rate: float = 0.0  # decayed tokens per second of drafting rounds
@@ -91,8 +93,9 @@ class DraftSchedule:
             return 0
         if self.k == 0:
             self.idle += 1
-            if self.idle > PROBE:
+            if self.idle > self.probe:
                 self.k, self.idle = 1, 0
+                self.probe = min(2 * self.probe, 64 * PROBE)  # back to PROBE once drafting pays
         return self.k
 
     @property
@@ -120,6 +123,8 @@ class DraftSchedule:
                 self.round_rate = rate if self.round_rate == 0 else 0.8 * self.round_rate + 0.2 * rate
                 if self.step_s > 0 and self.round_rate * self.step_s < 1:
                     self.k = 0  # measured: plain steps are faster
+            if self.k > 0:
+                self.probe = PROBE
         self.k = min(self.k, self.max_k)
 
     def best_k(self) -> int:
