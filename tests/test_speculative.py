@@ -47,8 +47,10 @@ def test_greedy_with_a_draft_equals_plain_greedy(
         assert 0 < stats.accepted_tokens < stats.draft_tokens
 
 
-def test_attention_only_target_with_a_hybrid_draft(jamba_onnx: Path, llama_onnx: Path) -> None:
-    target, assistant = hybridrt.load(llama_onnx), hybridrt.load(jamba_onnx)
+@pytest.mark.parametrize("io_binding", [True, False])
+def test_attention_only_target_with_a_hybrid_draft(jamba_onnx: Path, llama_onnx: Path, io_binding: bool) -> None:
+    target = hybridrt.load(llama_onnx, io_binding=io_binding)
+    assistant = hybridrt.load(jamba_onnx, io_binding=io_binding)
     plain = target.generate(PROMPTS, max_new_tokens=30, eos_token_id=[])
     out = target.generate(PROMPTS, assistant_model=assistant, max_new_tokens=30, eos_token_id=[])
     assert out == plain

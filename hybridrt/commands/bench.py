@@ -100,13 +100,12 @@ def bench(directories: list[Path], args: argparse.Namespace) -> list[dict[str, A
                 spec_runs[i].append(model.generate_with_stats(rows, **settings | speculative))
     results = []
     for directory, model, r, out, spec in zip(directories, models, runs, tokens, spec_runs):
-        files = [directory / f for f in model.manifest.files if f.startswith(model.manifest.graph_file)]
         q = model.manifest.quantization or {}
         results.append(
             {
                 "model": str(directory),
                 "quantization": q.get("mode", "float") + (f" {q['algo']}" if q.get("algo") else ""),
-                "graph_bytes": sum(f.stat().st_size for f in files if f.is_file()),
+                "graph_bytes": model.weight_bytes,
                 "providers": model.providers,
                 "prefill_ms": statistics.median(x[0] for x in r),
                 "decode_tokens_per_s": statistics.median(x[1] for x in r),

@@ -206,10 +206,13 @@ class Model:
     ) -> tuple[Stepper, Stepper]:
         """Fresh (target, draft) steppers for speculative decoding after `length` tokens of
         context: KV room for the longest draft, and a draft ring that rewinds over it."""
-        extra = schedule.max_k + 2
-        target = self._new_stepper(1, min(length + cfg.max_new_tokens + extra, self.max_length))
-        room = min(length + cfg.max_new_tokens + extra, draft.max_length)
-        return target, draft._new_stepper(1, room, ring=schedule.max_k + 1)
+        room = length + cfg.max_new_tokens + schedule.max_k + 2
+        return self._new_stepper(1, min(room, self.max_length)), draft.draft_stepper(room, schedule)
+
+    def draft_stepper(self, room: int, schedule: DraftSchedule) -> Stepper:
+        """A fresh one-row stepper of this model as a draft: KV for `room` positions (within
+        its max length), and a ring that rewinds over the longest draft of `schedule`."""
+        return self._new_stepper(1, min(room, self.max_length), ring=schedule.max_k + 1)
 
     def _speculative(
         self,

@@ -316,7 +316,7 @@ def speculate(
                 target.rewind(before)
                 pend_t = pend_t + proposal.tokens[:accepted] + [last]
             else:  # attention only: the kept drafts' keys and values are already in place
-                target.lengths = before.lengths + len(pend_t) + accepted
+                target.rewind(before, keep=len(pend_t) + accepted)
                 pend_t = [last]
     finally:
         stats.decode_s = time.perf_counter() - t0

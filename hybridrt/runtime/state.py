@@ -96,9 +96,13 @@ class Stepper:
         """A mark of the current states (see the module docstring)."""
         return Checkpoint(self.lengths.copy(), self.calls, self.epoch, self._mark())
 
-    def rewind(self, mark: Checkpoint) -> None:
+    def rewind(self, mark: Checkpoint, keep: int = 0) -> None:
         """Return to the states of `mark`; GenerationError when they have been overwritten
-        (more than ring - 1 calls since), or when the mark is from a later call."""
+        (more than ring - 1 calls since), or when the mark is from a later call. `keep` > 0
+        keeps that many tokens of the call after the mark, which only a stepper without
+        recurrent states can (their keys and values are in place, unread past the lengths)."""
+        if keep and self.recurrent:
+            raise GenerationError("rewind(keep=) needs a model without recurrent (conv, SSM) states")
         if mark.epoch != self.epoch:
             raise GenerationError("cannot rewind to states from before a reorder: its rows are no longer those rows")
         since = self.calls - mark.calls
@@ -107,6 +111,9 @@ class Stepper:
                 f"cannot rewind {since} calls on a stepper that keeps {self.ring} sets of states; "
                 f"build it with ring > {since}"
             )
+        if keep:  # the call stays; only the tokens after its first `keep` are forgotten
+            self.lengths = mark.lengths + keep
+            return
         self._restore(mark.data)
         self.lengths = mark.lengths.copy()
         self.calls = mark.calls

@@ -98,13 +98,18 @@ class Rows:
             self._states[i], self._spares[i] = self._spares[i], self._states[i]
         self._parity ^= 1
 
-    def undo(self) -> None:
+    def undo(self, keep: int = 0) -> None:
         """Back to the states before the last run (speculative decoding's rejected drafts):
-        the fixed-size states it read are still in the spares, KV needs only the counts."""
+        the fixed-size states it read are still in the spares, KV needs only the counts.
+        `keep` > 0 keeps that many of the run's first tokens, which only a graph without
+        fixed-size states can (their keys and values are in place; a recurrent state holds
+        only the run's end)."""
         if not self._undo:
             raise ValueError("undo() follows a run() over the same arrays")
+        if keep and self._spares:
+            raise ValueError("undo(keep=) needs a graph without recurrent states")
         self._swap()
-        self.count = self.count - self._undo
+        self.count = self.count - self._undo + keep
         self._undo = 0
 
     def _bind(self) -> None:

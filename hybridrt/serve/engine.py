@@ -293,8 +293,8 @@ class Engine:
         if req.draft is None or req.schedule is None or req.chooser is None:
             assert req.rng is not None
             req.schedule = self.model.draft_schedule(self.assistant, req.cfg)
-            room = min(len(req.prompt) + req.cfg.max_new_tokens + req.schedule.max_k + 2, self.assistant.max_length)
-            req.draft = self.assistant._new_stepper(1, room, ring=req.schedule.max_k + 1)
+            room = len(req.prompt) + req.cfg.max_new_tokens + req.schedule.max_k + 2
+            req.draft = self.assistant.draft_stepper(room, req.schedule)
             req.chooser = Chooser(req.cfg, req.eos, req.rng, None if req.seen is None else req.seen[0])
         k = draft_length(req.schedule, req.cfg.max_new_tokens - len(req.tokens), None, 0, req.draft)
         k = min(k, self.model.max_length - int(self.batch.count[0]) - len(req.lag) - 1)
@@ -305,9 +305,8 @@ class Engine:
             if not lagging:
                 req.schedule.observe_step(time.perf_counter() - t_step)
             return
-        context = req.prompt + req.tokens
         t_draft = time.perf_counter()
-        proposal = propose(req.draft, context[int(req.draft.lengths[0]) :], k, req.chooser, len(req.tokens))
+        proposal = propose(req.draft, _tokens_from(req, int(req.draft.lengths[0])), k, req.chooser, len(req.tokens))
         t_verify = time.perf_counter()
         self._feed_lag()  # kept drafts of the last round: an undo must not reach before them
         pending = req.tokens[-1:]
@@ -333,7 +332,7 @@ class Engine:
             self.batch.undo()
             req.lag = pending + proposal.tokens[:accepted]
         else:  # attention only: the kept drafts' keys and values are already in place
-            self.batch.count = self.batch.count - (k - accepted)
+            self.batch.undo(keep=len(pending) + accepted)
 
     def _feed_lag(self) -> None:
         """Feed the lone running request's lag, so that its row has seen all but its last token."""
@@ -423,3 +422,9 @@ class Engine:
             "cache_entries": len(self.cache),
             "cache_bytes": self.cache.bytes,
         }
+
+
+def _tokens_from(req: Request, start: int) -> list[int]:
+    """req's prompt and tokens from position `start` on, without joining the whole sequence."""
+    n = len(req.prompt)
+    return req.prompt[start:] + req.tokens if start < n else req.tokens[start - n :]
