@@ -92,7 +92,7 @@ register_kind(
         "hybridrt.models.mamba:MambaMixer",
         (
             StateDecl("conv", lambda c: (c.d_inner, c.mamba_d_conv - 1)),
-            StateDecl("ssm", lambda c: (c.d_inner, c.mamba_d_state)),
+            StateDecl("ssm", lambda c: (c.mamba_d_state, c.d_inner)),
         ),
         "Mamba1 selective SSM (per-channel decay) after a depthwise causal conv",
         keep_float=(

@@ -3,11 +3,11 @@
 python scripts/bench_peers.py --configs ../shared/bench/configs --work build/bench --out docs/bench
 
 For each config (jamba-125m, granite-h-125m, llama-125m): a seeded random-weight checkpoint,
-its hybridrt export (float) and quantizations (int8-dynamic, int4), then, each in its own
+its hybridrt export (float) and quantizations (MODES), then, each in its own
 process (so peak RSS is its own): decode tokens/s after a 128-token prompt (batch 1, 128
 greedy tokens), prefill ms at 128 and 1,900 tokens, decode tokens/s after the 1,900-token
 prompt, batch-8 aggregate decode tokens/s, peak RSS, and the nodes of one decode step (the
-session-optimized graph). Peers where installed: PyTorch eager (transformers generate),
+session-optimized graph, a Scan's body counted once). Peers where installed: PyTorch eager (transformers generate),
 onnxruntime-genai (llama only; `pip install onnxruntime-genai`) and llama.cpp through
 llama-cpp-python (GGUF from its converter; see ../shared/bench/README.md); a peer that is
 not installed is listed as such. Figures go to OUT/bench.json, OUT/bench.md and OUT/bench.png.
@@ -27,13 +27,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODES = ("float", "int8-dynamic", "int8-weight", "int4", "int4-vocab4")
+MODES = ("float", "int8-dynamic", "int8-weight", "int4", "int4-vocab4", "int4-sym-vocab4")
 # How each quantized mode is made: hybridrt quantize's mode and options.
 QUANTIZE = {
     "int8-dynamic": ("int8-dynamic", {}),
     "int8-weight": ("int8-weight", {}),
     "int4": ("int4", {}),
     "int4-vocab4": ("int4", {"vocab_bits": 4}),  # embedding/LM head in 4 bits too, as onnxruntime-genai's int4
+    # and blocks without zero points: onnxruntime-genai's int4 layout (llama.cpp's q4_0 blocks too)
+    "int4-sym-vocab4": ("int4", {"vocab_bits": 4, "symmetric": True}),
 }
 SHORT, LONG, NEW, BATCH = 128, 1900, 128, 8
 
@@ -102,9 +104,14 @@ def measure_hybridrt(directory: str, threads: int) -> dict[str, Any]:
     ort.InferenceSession(os.path.join(directory, model.manifest.graph_file), opts, providers=["CPUExecutionProvider"])
     import onnx
 
-    out["decode_nodes"] = len(onnx.load(opts.optimized_model_filepath, load_external_data=False).graph.node)
+    out["decode_nodes"] = _nodes(onnx.load(opts.optimized_model_filepath, load_external_data=False).graph)
     os.unlink(opts.optimized_model_filepath)
     return out
+
+
+def _nodes(graph: Any) -> int:
+    """Nodes a one-token call runs: the graph's, with each subgraph (a Scan's body) counted once."""
+    return sum(1 + sum(_nodes(a.g) for a in n.attribute if a.type == a.GRAPH) for n in graph.node)
 
 
 def measure_torch(checkpoint: str, threads: int) -> dict[str, Any]:

@@ -65,7 +65,11 @@ def test_mode_writes_its_operators_and_keeps_the_fused_scan(quantized: tuple[Pat
     assert graph.ir_version <= 10
     op_types = {n.op_type for n in graph.graph.node}
     assert op_type in op_types
-    assert "LinearAttention" in op_types  # the SSM scan stays the fused float op
+    scans = [n for n in graph.graph.node if n.op_type == "Scan"]
+    assert len(scans) == 2  # the Mamba scans stay float Scans: nothing quantized inside them
+    for scan in scans:
+        body = next(a.g for a in scan.attribute if a.name == "body")
+        assert sorted(n.op_type for n in body.node) == ["Add", "Exp", "MatMul", "Mul", "Mul", "Mul"]
 
 
 def test_float_consumers_of_a_quantized_activation_read_the_float_tensor(
@@ -109,6 +113,24 @@ def test_embedding_and_lm_head_are_stored_block_wise(quantized: tuple[Path, str,
     graph = onnx.load(str(out / "model.onnx"))
     op_types = {n.op_type for n in graph.graph.node}
     assert {"GatherBlockQuantized", "MatMulNBits"} <= op_types and "Gather" not in _ops_on_weights(graph)
+
+
+def test_symmetric_blocks_have_no_zero_points(jamba_onnx: Path, text_file: Path, tmp_path: Path) -> None:
+    """--symmetric stores each 4-bit block as a scale alone (llama.cpp q4_0's and
+    onnxruntime-genai's layout, for which the MatMulNBits kernels skip the zero points),
+    records it, and stays close to float; the default keeps a zero point per block."""
+    runs = {}
+    for symmetric in (False, True):
+        out = tmp_path / f"q{int(symmetric)}"
+        manifest = quantize(jamba_onnx, out, "int4", symmetric=symmetric, eval_text=text_file, **SMALL)
+        assert manifest.quantization is not None and manifest.quantization["symmetric"] is symmetric
+        graph = onnx.load(str(out / "model.onnx"))
+        layers = [n for n in graph.graph.node if n.op_type == "MatMulNBits" and "lm_head" not in n.name]
+        runs[symmetric] = ({len(n.input) for n in layers}, manifest.quantization["report"])
+        assert len(_greedy(out)) == 12
+    assert runs[False][0] == {4} and runs[True][0] == {3}  # A, B, scales (and zero points)
+    report = runs[True][1]
+    assert abs(report["ppl_ratio"] - 1) < 0.01 and report["mean_kl"] < 1e-3
 
 
 def _ops_on_weights(model: onnx.ModelProto) -> set[str]:
@@ -214,6 +236,8 @@ def test_errors_write_nothing(jamba_onnx: Path, text_file: Path, tmp_path: Path)
         ({"mode": "int8-weight", "algo": "hqq", "calibration": [text_file]}, "unknown algorithm"),
         ({"mode": "int4", "algo": "awq", "calibration": [text_file]}, "unknown algorithm"),
         ({"mode": "int8-dynamic"}, "needs held-out text"),
+        ({"mode": "int8-dynamic", "symmetric": True, "eval_text": text_file}, "weight-only modes"),
+        ({"mode": "int4", "algo": "hqq", "symmetric": True, "eval_text": text_file}, "float zero points"),
     ]
     for kwargs, message in cases:
         with pytest.raises(QuantizationError, match=message):

@@ -68,8 +68,23 @@ def test_directory_of_the_growing_kv_contract_asks_for_a_re_export(copy: Path) -
         }
 
     _edit_manifest(copy, old)
-    with pytest.raises(hybridrt.GraphError, match=r"schema version 1.*Re-export the model: hybridrt export"):
+    with pytest.raises(hybridrt.GraphError, match=r"schema version 1.*attention mask.*Re-export the model"):
         hybridrt.load(copy)
+
+
+def test_directory_of_the_previous_mamba_state_layout_asks_for_a_re_export(copy: Path) -> None:
+    """Schema 2 graphs with Mamba layers (SSM state [batch, d_inner, d_state]) are refused with
+    the fix: their states would bind with the wrong layout. Without Mamba layers they load."""
+    _edit_manifest(copy, lambda d: d.update(schema_version=2))
+    with pytest.raises(hybridrt.GraphError, match=r"schema version 2.*d_inner, d_state.*Re-export the model"):
+        hybridrt.load(copy)
+
+
+def test_directory_of_schema_2_without_mamba_layers_still_loads(llama_onnx: Path, tmp_path: Path) -> None:
+    model = Path(shutil.copytree(llama_onnx, tmp_path / "model"))
+    expected = hybridrt.load(model).generate([5, 6, 7], max_new_tokens=4)
+    _edit_manifest(model, lambda d: d.update(schema_version=2))
+    assert hybridrt.load(model).generate([5, 6, 7], max_new_tokens=4) == expected
 
 
 def test_manifest_vocabulary_not_matching_the_graph(copy: Path) -> None:

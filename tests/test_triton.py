@@ -252,7 +252,7 @@ def fixed_kv(manifest: Manifest) -> Manifest:
     ] + [capacity(s) for s in manifest.pasts]
     logits = TensorSpec("logits", ("batch", "n", manifest.vocab_size), "float32", "logits")
     outputs = [logits] + [capacity(s) for s in manifest.presents]
-    return dataclasses.replace(manifest, inputs=inputs, outputs=outputs, schema_version=2)
+    return dataclasses.replace(manifest, inputs=inputs, outputs=outputs, schema_version=3)
 
 
 def test_fixed_size_kv_contract(jamba_onnx: Path) -> None:

@@ -46,6 +46,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="MatMulNBits compute: 4 = int8 activations (fast CPU kernels), 0 = float (weight-only modes)",
     )
     p.add_argument(
+        "--symmetric",
+        action="store_true",
+        help="weight-only blocks with a scale and no zero point (as llama.cpp's q4_0; faster 4-bit kernels)",
+    )
+    p.add_argument(
         "--vocab-bits",
         type=int,
         default=DEFAULTS.vocab_bits,
@@ -135,6 +140,7 @@ def _quantize(args: argparse.Namespace, say: Callable[[str], None]) -> Manifest:
         algo=args.algo,
         block_size=args.block_size,
         accuracy_level=args.accuracy_level,
+        symmetric=args.symmetric,
         vocab_bits=args.vocab_bits,
         calib_method=args.calib_method,
         samples=args.samples,

@@ -76,13 +76,19 @@ def to_onnx(
     _name_dims(model, {s.name: s.dims for s in ins + outs})
     _name_nodes(model)
     model.producer_name = "hybridrt"
+    from .fuse import expand_selective_scans
+
     fusion = None
     if fuse_norms:
         from .fuse import fuse_norms as fuse
-        from .fuse import pack_qkv
+        from .fuse import fuse_softplus_bias, pack_qkv
 
         fusion = fuse(model)
         fusion["packed_qkv"] = pack_qkv(model)
+        fusion["softplus_gates"] = fuse_softplus_bias(model)
+    scans = expand_selective_scans(model)  # the fused Mamba1 scans' placeholders, if any
+    if fusion is not None:
+        fusion["selective_scans"] = scans
     n_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     save_onnx(model, path, external=n_bytes > EXTERNAL_DATA_THRESHOLD)
     check_graph(path)

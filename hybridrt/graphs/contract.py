@@ -1,6 +1,6 @@
 """The graph contract, declared once as data and read by export, runtime, quantization, tests.
 
-Schema version 2. One graph serves prompt and decode. Every row of a call feeds the same
+Schema version 3. One graph serves prompt and decode. Every row of a call feeds the same
 number of new tokens (no padding inside a call); rows may have seen different numbers of
 tokens before it.
 
@@ -19,7 +19,9 @@ States by mixer kind (layer index i), as `hybridrt.kinds.LAYER_KINDS` declares t
   attention  past.{i}.key / past.{i}.value   [batch, kv_heads, capacity, head_dim]
              a fixed-size buffer: the call writes positions past_lengths .. past_lengths+seq-1
              and reads 0 .. past_lengths+seq-1; the runtime binds one buffer as past and present
-  mamba      past.{i}.conv [batch, d_inner, d_conv-1], past.{i}.ssm [batch, d_inner, d_state]
+  mamba      past.{i}.conv [batch, d_inner, d_conv-1], past.{i}.ssm [batch, d_state, d_inner]
+             (channels innermost: the one-token step of export.fuse.expand_selective_scans
+             broadcasts along them; schema 2 had [batch, d_inner, d_state])
   mamba2     past.{i}.conv [batch, conv_dim, d_conv-1], past.{i}.ssm [batch, heads, d_state, head_dim]
              (conv_dim = d_inner + 2 groups d_state: x, B and C share one conv)
   conv       past.{i}.conv [batch, hidden, conv_kernel-1]  (LFM2's short conv)

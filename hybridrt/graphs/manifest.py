@@ -16,8 +16,15 @@ from .contract import TensorSpec
 from .schema import check_manifest
 
 # 2: fixed-size KV buffers (past and present one buffer), past_lengths and logit_positions
-# instead of attention_mask and position_ids. Directories of version 1 must be re-exported.
-SCHEMA_VERSION = 2
+# instead of attention_mask and position_ids. 3: Mamba SSM states [batch, d_state, d_inner].
+# Directories of older versions must be re-exported (those of 2 without Mamba layers load as 3).
+SCHEMA_VERSION = 3
+# What each older schema lacks, for the re-export message.
+_OLD_SCHEMAS = {
+    1: "its graph grows its KV per token and takes an attention mask (schema 2 on: fixed-size KV buffers)",
+    2: "its Mamba layers keep their SSM state as [batch, d_inner, d_state] "
+    "(schema 3: [batch, d_state, d_inner], for a faster one-token step)",
+}
 MANIFEST = "hybridrt.json"
 GRAPH_FILES = {"onnx": "model.onnx", "torchscript": "model.pt", "pt2": "model.pt2"}
 TOKENIZER_FILES = (
@@ -143,11 +150,13 @@ def read_manifest(directory: str | Path) -> Manifest:
     except OSError as e:
         raise GraphError(f"{path} cannot be read ({e.strerror}); check its permissions") from None
     version = data.get("schema_version", 1) if isinstance(data, dict) else None
+    if version == 2 and "mamba" not in (data.get("layer_types") or ["mamba"]):
+        version = data["schema_version"] = SCHEMA_VERSION  # 3 changed only the Mamba layers' state
     if isinstance(version, int) and version < SCHEMA_VERSION:
+        why = _OLD_SCHEMAS.get(version, "it predates the graph contract")
         raise GraphError(
-            f"{path} has schema version {version}: its graph grows its KV per token and takes an attention mask, "
-            f"which this hybridrt no longer runs (schema {SCHEMA_VERSION}: fixed-size KV buffers). Re-export the "
-            f"model: hybridrt export SRC -o {directory}"
+            f"{path} has schema version {version}, which this hybridrt no longer runs: {why}. "
+            f"Re-export the model (schema {SCHEMA_VERSION}): hybridrt export SRC -o {directory}"
         )
     check_manifest(data, str(path), tuple(GRAPH_FILES))
     manifest = Manifest.from_dict(data)

@@ -29,7 +29,7 @@ class WeightlessRMSNorm(nn.Module):
 
 
 class MambaMixer(nn.Module):
-    """x [b, l, d], conv [b, d_inner, k-1], ssm [b, d_inner, n] -> (y, conv', ssm')."""
+    """x [b, l, d], conv [b, d_inner, k-1], ssm [b, n, d_inner] -> (y, conv', ssm')."""
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()
@@ -60,9 +60,8 @@ class MambaMixer(nn.Module):
         if self.inner_norms:
             dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)
         dt = F.softplus(self.dt_proj(dt))  # [b, l, d_inner]
-        A = -torch.exp(self.A_log.float())  # [d_inner, n]
-        log_decay = dt.unsqueeze(-1) * A  # [b, l, d_inner, n]
-        y, ssm_state = selective_scan(dt * xs, B, C, log_decay, ssm_state, self.chunk, self.max_len)
+        A = -torch.exp(self.A_log.float()).t()  # [n, d_inner]
+        y, ssm_state = selective_scan(dt * xs, dt, A, B, C, ssm_state, self.chunk, self.max_len)
         y = y + xs * self.D  # [b, l, d_inner]
         y = y * F.silu(z)
         return self.out_proj(y), conv_state, ssm_state

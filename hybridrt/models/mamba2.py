@@ -31,6 +31,9 @@ class GatedRMSNorm(nn.Module):
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         dtype = y.dtype
         h = y.float() * F.silu(z.float())
+        if self.group_size == h.shape[-1]:  # one group: a plain RMSNorm, which export fuses into one node
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            return self.weight * h.to(dtype)
         shape = h.shape
         h = h.view(*shape[:-1], shape[-1] // self.group_size, self.group_size)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -56,16 +59,18 @@ class Mamba2Mixer(nn.Module):
         self.dt_min = cfg.mamba2_dt_min
         self.out_proj = nn.Linear(di, d, bias=cfg.mamba2_proj_bias)
 
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        """[b, l, G n] -> [b, l, H, n]: each group's B (or C) serves its H / G heads."""
-        b, l = t.shape[0], t.shape[1]
-        t = t.view(b, l, self.G, 1, self.n).expand(b, l, self.G, self.H // self.G, self.n)
-        return t.reshape(b, l, self.H, self.n)
+    def _ssm(
+        self, xs: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor, ssm_state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """xs [b, l, d_inner], dt [b, l, H] (after softplus), B, C [b, l, G n] -> (scan output
+        plus the D skip [b, l, d_inner], ssm'), all in the packed channel layout."""
+        A = -torch.exp(self.A_log.float())  # [H]
+        y, ssm_state = ssd_scan(xs, dt, A, B, C, ssm_state, self.chunk, self.max_len)
+        return y + xs * self.D.repeat_interleave(self.P), ssm_state
 
     def forward(
         self, x: torch.Tensor, ctx: MixerContext, conv_state: torch.Tensor, ssm_state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b, l = x.shape[0], x.shape[1]
         z, xbc, dt = torch.split(self.in_proj(x), [self.d_inner, self.conv_dim, self.H], dim=-1)
         xbc, conv_state = causal_conv(xbc.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias, silu=True)
         xbc = xbc.transpose(1, 2)  # [b, l, conv_dim]
@@ -73,11 +78,5 @@ class Mamba2Mixer(nn.Module):
         dt = F.softplus(dt + self.dt_bias)  # [b, l, H]
         if self.dt_min > 0.0:  # Zamba2, Nemotron-H: transformers' chunked scan clamps at time_step_min
             dt = dt.clamp(min=self.dt_min)  # (its one-token step does not; here both do, so decode == prefill)
-        A = -torch.exp(self.A_log.float())  # [H]
-        xs = xs.reshape(b, l, self.H, self.P)
-        y, ssm_state = ssd_scan(
-            xs * dt.unsqueeze(-1), dt * A, self._heads(B), self._heads(C), ssm_state, self.chunk, self.max_len
-        )
-        y = y + xs * self.D.unsqueeze(-1)  # [b, l, H, P]
-        y = self.norm(y.reshape(b, l, self.d_inner), z)
-        return self.out_proj(y), conv_state, ssm_state
+        y, ssm_state = self._ssm(xs, dt, B, C, ssm_state)
+        return self.out_proj(self.norm(y, z)), conv_state, ssm_state

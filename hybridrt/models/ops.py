@@ -3,15 +3,17 @@ whose ONNX translation is an onnxruntime `com.microsoft` operator.
 
 `selective_scan` is the Mamba1 recurrence h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t,
 y_t = C_t h_t. Glossary: b batch, l length, H channels (d_inner), n d_state.
-In ONNX it becomes one `LinearAttention` node (update_rule "gated", decay per key
-dimension, d_k = n, d_v = 1) that runs prompt (l > 1) and decode (l = 1) alike.
+In ONNX it becomes an onnxruntime Scan over the tokens whose body is the one-token step
+on the state as the contract stores it, [b, n, H] (export.fuse.expand_selective_scans, which
+measures it against LinearAttention).
 TorchScript and pt2 graphs keep the plain PyTorch path (no custom op inside), so that
 LibTorch and ExecuTorch load them without hybridrt.
 
 `ssd_scan` is the Mamba2 recurrence h_t = exp(g_t) h_{t-1} + x_t B_t^T, y_t = h_t C_t with
 a scalar decay g per head; in ONNX it is one `LinearAttention` node with a decay of shape
-[b, l, H] (k = B, v = dt x, q = C, scale 1). The contract keeps the state in that node's
-layout, [b, H, n, P], so a step transposes nothing; the PyTorch scan works in [b, H, P, n].
+[b, l, H] (k = B, v = dt x, q = C, scale 1), fed in the packed [b, l, channels] layout with
+constant shapes. The contract keeps the state in that node's layout, [b, H, n, P], so a step
+transposes nothing; the PyTorch scan works in [b, H, P, n].
 
 `gated_delta` is the Gated DeltaNet rule S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t -
 exp(g_t) S_{t-1}^T k_t)^T, o_t = S_t^T q_t (delta_scan.gated_delta_scan); in ONNX it is one
@@ -39,6 +41,8 @@ from .scan import linear_scan
 from .scan import ssd_scan as _ssd_reference
 
 _FUSED = False
+# The domain of export-time placeholders that export.fuse expands before the graph is saved.
+SCAN_DOMAIN = "hybridrt.export"
 
 
 @contextlib.contextmanager
@@ -54,86 +58,120 @@ def fused_ops() -> Iterator[None]:
 
 def _scan_reference(
     xdt: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
     B: torch.Tensor,
     C: torch.Tensor,
-    log_decay: torch.Tensor,
     h0: torch.Tensor,
     chunk: int,
     max_len: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """xdt [b, l, H], B, C [b, l, n], log_decay [b, l, H, n], h0 [b, H, n] -> y [b, l, H], h [b, H, n]."""
-    u = xdt.unsqueeze(-1) * B.unsqueeze(2)  # [b, l, H, n]
-    h, last = linear_scan(torch.exp(log_decay), u, h0, chunk, max_len)
-    return (h * C.unsqueeze(2)).sum(-1), last
+    """xdt, dt [b, l, H], A [n, H], B, C [b, l, n], h0 [b, n, H] -> y [b, l, H], h [b, n, H]."""
+    u = B.unsqueeze(-1) * xdt.unsqueeze(2)  # [b, l, n, H]
+    decay = torch.exp(dt.unsqueeze(2) * A)
+    h, last = linear_scan(decay, u, h0, chunk, max_len)
+    return (h * C.unsqueeze(-1)).sum(2), last
 
 
 @torch.library.custom_op("hybridrt::selective_scan", mutates_args=())
 def _selective_scan_op(
     xdt: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
     B: torch.Tensor,
     C: torch.Tensor,
-    log_decay: torch.Tensor,
     h0: torch.Tensor,
     chunk: int,
     max_len: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    y, h = _scan_reference(xdt, B, C, log_decay, h0, chunk, max_len)
+    y, h = _scan_reference(xdt, dt, A, B, C, h0, chunk, max_len)
     return y.contiguous(), h.contiguous()
 
 
 @_selective_scan_op.register_fake
-def _(xdt, B, C, log_decay, h0, chunk, max_len):  # type: ignore[no-untyped-def]
+def _(xdt, dt, A, B, C, h0, chunk, max_len):  # type: ignore[no-untyped-def]
     return torch.empty_like(xdt), torch.empty_like(h0)
 
 
 def selective_scan(
     xdt: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
     B: torch.Tensor,
     C: torch.Tensor,
-    log_decay: torch.Tensor,
     h0: torch.Tensor,
     chunk: int,
     max_len: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Mamba1 recurrence h_t = exp(dt_t A) h_{t-1} + (dt x)_t B_t, y_t = h_t C_t.
+
+    xdt = dt x and dt [b, l, H], A [n, H], B, C [b, l, n], h0 [b, n, H] (the graph contract's
+    state layout: channels innermost, like A) -> y [b, l, H], h [b, n, H]."""
     if _FUSED:
-        return _selective_scan_op(xdt, B, C, log_decay, h0, chunk, max_len)
-    return _scan_reference(xdt, B, C, log_decay, h0, chunk, max_len)
+        return _selective_scan_op(xdt, dt, A, B, C, h0, chunk, max_len)
+    return _scan_reference(xdt, dt, A, B, C, h0, chunk, max_len)
+
+
+def _ssd_packed(
+    xs: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    h0: torch.Tensor,
+    chunk: int,
+    max_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    b, l = xs.shape[0], xs.shape[1]
+    H, n, P = h0.shape[1], h0.shape[2], h0.shape[3]
+    G = B.shape[-1] // n
+
+    def heads(t: torch.Tensor) -> torch.Tensor:  # [b, l, G n] -> [b, l, H, n]: a group serves H / G heads
+        return t.view(b, l, G, 1, n).expand(b, l, G, H // G, n).reshape(b, l, H, n)
+
+    xdt = xs.view(b, l, H, P) * dt.unsqueeze(-1)
+    y, h = _ssd_reference(xdt, dt * A, heads(B), heads(C), h0.transpose(-1, -2), chunk, max_len)
+    return y.reshape(b, l, H * P), h.transpose(-1, -2)
 
 
 @torch.library.custom_op("hybridrt::ssd_scan", mutates_args=())
 def _ssd_scan_op(
-    xdt: torch.Tensor,
-    log_decay: torch.Tensor,
+    xs: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
     B: torch.Tensor,
     C: torch.Tensor,
     h0: torch.Tensor,
     chunk: int,
     max_len: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    y, h = _ssd_reference(xdt, log_decay, B, C, h0.transpose(-1, -2), chunk, max_len)
-    return y.contiguous(), h.transpose(-1, -2).contiguous()
+    y, h = _ssd_packed(xs, dt, A, B, C, h0, chunk, max_len)
+    return y.contiguous(), h.contiguous()
 
 
 @_ssd_scan_op.register_fake
-def _(xdt, log_decay, B, C, h0, chunk, max_len):  # type: ignore[no-untyped-def]
-    return torch.empty_like(xdt), torch.empty_like(h0)
+def _(xs, dt, A, B, C, h0, chunk, max_len):  # type: ignore[no-untyped-def]
+    return torch.empty_like(xs), torch.empty_like(h0)
 
 
 def ssd_scan(
-    xdt: torch.Tensor,
-    log_decay: torch.Tensor,
+    xs: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
     B: torch.Tensor,
     C: torch.Tensor,
     h0: torch.Tensor,
     chunk: int,
     max_len: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """xdt [b, l, H, P], log_decay [b, l, H], B, C [b, l, H, n], h0 [b, H, n, P] -> y [b, l, H, P],
-    h [b, H, n, P] (scan.ssd_scan, in the state layout of the graph contract)."""
+    """The Mamba2 scan on packed channels: xs [b, l, H P], dt [b, l, H], A [H], B, C [b, l, G n],
+    h0 [b, H, n, P] -> y [b, l, H P] (without the D skip), h [b, H, n, P].
+
+    Head h reads x channels h P .. h P + P - 1 and the B and C of group h // (H / G); the
+    state layout is the graph contract's. scan.ssd_scan computes it in [b, H, P, n]."""
     if _FUSED:
-        return _ssd_scan_op(xdt, log_decay, B, C, h0, chunk, max_len)
-    y, h = _ssd_reference(xdt, log_decay, B, C, h0.transpose(-1, -2), chunk, max_len)
-    return y, h.transpose(-1, -2)
+        return _ssd_scan_op(xs, dt, A, B, C, h0, chunk, max_len)
+    return _ssd_packed(xs, dt, A, B, C, h0, chunk, max_len)
 
 
 @torch.library.custom_op("hybridrt::gated_delta", mutates_args=())
@@ -435,32 +473,39 @@ def onnx_translations() -> dict[object, object]:
     op: Any = opset20  # onnxscript's stubs do not type python constants as tensors
     linear_attention = values.Op(values.Opset("com.microsoft", 1), "LinearAttention", schema)
 
-    def selective_scan_onnx(xdt, B, C, log_decay, h0, chunk, max_len):  # type: ignore[no-untyped-def]
-        H = xdt.shape[2]
-        packed = op.Constant(value_ints=[0, 0, -1])
-        tile = op.Constant(value_ints=[1, 1, H, 1])
-        q = op.Reshape(op.Expand(op.Unsqueeze(C, [2]), tile), packed)
-        k = op.Reshape(op.Expand(op.Unsqueeze(B, [2]), tile), packed)
-        g = op.Reshape(log_decay, packed)
-        past = op.Unsqueeze(h0, [3])  # [b, H, n, 1]
-        y, state = linear_attention(q, k, xdt, past, g, update_rule="gated", q_num_heads=H, kv_num_heads=H, scale=1.0)
-        return y, op.Squeeze(state, [3])
+    scan_schema = OpSchema(
+        "SelectiveScan",
+        SCAN_DOMAIN,
+        1,
+        inputs=[OpSchema.FormalParameter(n, T) for n in ("xdt", "dt", "A", "B", "C", "past_state")],
+        outputs=[OpSchema.FormalParameter("output", T), OpSchema.FormalParameter("present_state", T)],
+        type_constraints=[(T, ["tensor(float)"], "")],
+        attributes=[OpSchema.Attribute("heads", OpSchema.AttrType.INT, "")],
+    )
+    scan_node = values.Op(values.Opset(SCAN_DOMAIN, 1), "SelectiveScan", scan_schema)
 
-    def ssd_scan_onnx(xdt, log_decay, B, C, h0, chunk, max_len):  # type: ignore[no-untyped-def]
-        H = xdt.shape[2]
+    def selective_scan_onnx(xdt, dt, A, B, C, h0, chunk, max_len):  # type: ignore[no-untyped-def]
+        # A placeholder that export.fuse.expand_selective_scans replaces by a Scan.
+        return scan_node(xdt, dt, A, B, C, h0, heads=xdt.shape[2])
+
+    def ssd_scan_onnx(xs, dt, A, B, C, h0, chunk, max_len):  # type: ignore[no-untyped-def]
+        # Everything in the packed [b, l, channels] layout LinearAttention takes: no shape is
+        # computed at run time, and one group's B and C are tiled to its heads.
+        H, n, P = h0.shape[1], h0.shape[2], h0.shape[3]
+        G = B.shape[2] // n
         packed = op.Constant(value_ints=[0, 0, -1])
+        xdt = op.Reshape(op.Mul(op.Reshape(xs, op.Constant(value_ints=[0, 0, H, P])), op.Unsqueeze(dt, [3])), packed)
+        if G == 1:
+            heads = op.Constant(value_ints=[1, 1, H])
+            q, k = op.Tile(C, heads), op.Tile(B, heads)
+        else:
+            grouped, tile = op.Constant(value_ints=[0, 0, G, 1, n]), op.Constant(value_ints=[1, 1, 1, H // G, 1])
+            q = op.Reshape(op.Expand(op.Reshape(C, grouped), tile), packed)
+            k = op.Reshape(op.Expand(op.Reshape(B, grouped), tile), packed)
         y, state = linear_attention(
-            op.Reshape(C, packed),
-            op.Reshape(B, packed),
-            op.Reshape(xdt, packed),
-            h0,
-            log_decay,
-            update_rule="gated",
-            q_num_heads=H,
-            kv_num_heads=H,
-            scale=1.0,
+            q, k, xdt, h0, op.Mul(dt, A), update_rule="gated", q_num_heads=H, kv_num_heads=H, scale=1.0
         )
-        return op.Reshape(y, op.Shape(xdt)), state
+        return y, state
 
     def gated_delta_onnx(q, k, v, g, beta, s0, chunk, max_len):  # type: ignore[no-untyped-def]
         H = v.shape[2]

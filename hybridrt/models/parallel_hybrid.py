@@ -18,7 +18,7 @@ from ..config import HybridConfig
 from .context import MixerContext
 from .layers import MLP, Attention
 from .mamba2 import Mamba2Mixer
-from .ops import causal_conv, ssd_scan
+from .ops import causal_conv
 
 
 class GroupRMSNormThenGate(nn.Module):
@@ -67,19 +67,13 @@ class FalconH1Mamba(Mamba2Mixer):
     def forward(
         self, x: torch.Tensor, ctx: MixerContext, conv_state: torch.Tensor, ssm_state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b, l = x.shape[0], x.shape[1]
         zxbcdt = self.in_proj(x * self.in_multiplier) * self.mup
         z, xbc, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.H], dim=-1)
         xbc, conv_state = causal_conv(xbc.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias, silu=True)
         xbc = xbc.transpose(1, 2)  # [b, l, conv_dim]
         xs, B, C = torch.split(xbc, [self.d_inner, self.G * self.n, self.G * self.n], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # [b, l, H]
-        A = -torch.exp(self.A_log.float())  # [H]
-        xs = xs.reshape(b, l, self.H, self.P)
-        y, ssm_state = ssd_scan(
-            xs * dt.unsqueeze(-1), dt * A, self._heads(B), self._heads(C), ssm_state, self.chunk, self.max_len
-        )
-        y = (y + xs * self.D.unsqueeze(-1)).reshape(b, l, self.d_inner)  # [b, l, d_ssm]
+        y, ssm_state = self._ssm(xs, dt, B, C, ssm_state)  # [b, l, d_ssm]
         y = self.norm(y, z) if self.gated_norm else y * F.silu(z)
         return self.out_proj(y), conv_state, ssm_state
 

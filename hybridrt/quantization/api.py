@@ -73,6 +73,7 @@ def quantize(
         say(f"quantizing {len(selection.quantize)} nodes ({label})")
         quantized = _run(model, cfg, selection, reader, tmp, external)
         vocab = _quantize_vocab(quantized.graph, cfg, selection)
+        rewrites.order_nodes(quantized.graph)
         save_onnx(quantized, tmp / parent_manifest.graph_file, external)
         copy_tokenizer(src, tmp)
         evaluation = {"source": str(eval_text or "held-out calibration text"), "chars": len(held_out)}
@@ -208,7 +209,7 @@ def _run(
         if cfg.mode == "int8-dynamic":
             return methods.int8_dynamic(model, work, selection.quantize, external)
         bits, algo = WEIGHT_BITS[cfg.mode], cfg.resolved_algo or "rtn"
-        model = methods.weight_only(model, bits, algo, cfg.block_size, selection.quantize, reader)
+        model = methods.weight_only(model, bits, algo, cfg.block_size, selection.quantize, reader, cfg.symmetric)
         return rewrites.set_accuracy_level(model, cfg.accuracy_level)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -253,6 +254,7 @@ def _manifest(
         "mode": cfg.mode,
         "algo": cfg.resolved_algo,
         "block_size": cfg.block_size if cfg.weight_only else None,
+        "symmetric": cfg.symmetric if cfg.weight_only else None,
         "calib_method": cfg.calib_method if cfg.mode == "int8-static" else None,
         "weight_bits": WEIGHT_BITS[cfg.mode],
         "quantized_nodes": selection.quantize + selection.vocab,

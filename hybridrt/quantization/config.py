@@ -55,6 +55,9 @@ class QuantConfig:
     # MatMulNBits compute precision: 4 quantizes activations to int8 on the fly (the fast
     # integer CPU kernels); 0 dequantizes weights to float (slower, slightly more exact).
     accuracy_level: int = 4
+    # Weight-only blocks without zero points (scale only, values -8..7 at 4 bits), as
+    # llama.cpp's q4_0 and onnxruntime-genai store them; False keeps a zero point per block.
+    symmetric: bool = False
     # Bits of the embedding table and LM head (rewrites.quantize_vocab). 8 in every mode: on the default
     # model a 4-bit LM head tripled the mean KL of int4 (9.6e-3 vs 3.1e-3) for 8% of its size.
     vocab_bits: int = 8
@@ -94,6 +97,11 @@ class QuantConfig:
         self._check_types()
         if self.mode not in MODES:
             raise QuantizationError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.symmetric and not self.weight_only:
+            modes = ", ".join(ALGOS)
+            raise QuantizationError(f"--symmetric applies to the weight-only modes ({modes}), not {self.mode}")
+        if self.symmetric and self.resolved_algo == "hqq":
+            raise QuantizationError("--symmetric does not apply to hqq, whose blocks need their float zero points")
         if self.algo is not None and not self.weight_only:
             raise QuantizationError(f"--algo applies to the weight-only modes ({', '.join(ALGOS)}), not {self.mode}")
         if self.weight_only and self.resolved_algo not in ALGOS[self.mode]:

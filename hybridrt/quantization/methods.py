@@ -118,22 +118,23 @@ def weight_only(
     block_size: int,
     nodes: list[str],
     reader: CalibrationReader | None,
+    symmetric: bool = False,
 ) -> Any:
-    """MatMulNBits with `bits`-bit block-wise weights (rtn, hqq or gptq); the caller sets the
-    accuracy level (rewrites.set_accuracy_level)."""
+    """MatMulNBits with `bits`-bit block-wise weights (rtn, hqq or gptq), with no zero points
+    when `symmetric`; the caller sets the accuracy level (rewrites.set_accuracy_level)."""
     _nonempty(nodes)
     with quiet():
         if algo == "gptq":
             if reader is None:
                 raise QuantizationError("GPTQ needs calibration text (--calibration)")
-            model = _gptq(model, bits, block_size, nodes, reader)
+            model = _gptq(model, bits, block_size, nodes, reader, symmetric)
             if bits == 4:
                 return model
             algo = "rtn"  # 8 bits: GPTQ left fake-quantized float weights; store them as MatMulNBits
         from onnxruntime.quantization import matmul_nbits_quantizer as mnb
 
         if algo == "rtn":
-            config: Any = mnb.DefaultWeightOnlyQuantConfig(block_size=block_size, bits=bits)
+            config: Any = mnb.DefaultWeightOnlyQuantConfig(block_size=block_size, bits=bits, is_symmetric=symmetric)
         else:
             config = mnb.HQQWeightOnlyQuantConfig(block_size=block_size, bits=bits)
         quantizer = mnb.MatMulNBitsQuantizer(
@@ -143,7 +144,9 @@ def weight_only(
         return quantizer.model.model
 
 
-def _gptq(model: Any, bits: int, block_size: int, nodes: list[str], reader: CalibrationReader) -> Any:
+def _gptq(
+    model: Any, bits: int, block_size: int, nodes: list[str], reader: CalibrationReader, symmetric: bool = False
+) -> Any:
     """onnxruntime's GPTQ, called with a weight config that names every MatMul:
     MatMulNBitsQuantizer's GPTQ path ignores nodes_to_exclude and would quantize them all."""
     from onnxruntime.quantization.neural_compressor import gptq_quantize
@@ -154,7 +157,8 @@ def _gptq(model: Any, bits: int, block_size: int, nodes: list[str], reader: Cali
     for node in model.graph.node:
         if node.name in chosen:
             odd = -(-inits[node.input[1]].dims[0] // block_size) % 2 == 1
-            config[node.name] = {"bits": bits, "group_size": block_size, "scheme": "sym" if odd else "asym"}
+            scheme = "sym" if odd or symmetric else "asym"
+            config[node.name] = {"bits": bits, "group_size": block_size, "scheme": scheme}
     reader.rewind()
     batches = ((feed, None) for feed in iter(reader.get_next, None))
     return gptq_quantize(model, batches, weight_config=config, n_samples=-1).model

@@ -89,7 +89,7 @@ def give_private_weights(graph: Any, names: list[str]) -> list[str]:
             unhooked.add(node.input[1])
         node.input[1] = private.name
         copied.append(node.name)
-    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    used = graph_reads(graph)
     dead = [n for n in graph.node if n.output and n.output[0] in unhooked - used]
     for node in dead:
         graph.node.remove(node)
@@ -376,7 +376,7 @@ def _replace(graph: Any, old: Any, new: list[Any]) -> None:
 def _drop_unused(graph: Any) -> None:
     """Transposes and initializers that nothing reads any more (the float table and head)."""
     while True:
-        used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        used = graph_reads(graph)
         dead = [n for n in graph.node if n.op_type == "Transpose" and n.output[0] not in used]
         if not dead:
             break
@@ -390,3 +390,45 @@ def _bytes(inits: dict[str, Any], names: set[Any]) -> int:
     from onnx import numpy_helper
 
     return sum(numpy_helper.to_array(inits[n]).nbytes for n in names if n in inits)
+
+
+def node_reads(node: Any) -> set[str]:
+    """The values a node reads: its inputs, and the outer-scope names its subgraphs (an If's
+    branches) read."""
+    import onnx
+
+    names = set(node.input)
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            inner = {o for n in a.g.node for o in n.output} | {t.name for t in a.g.initializer}
+            inner |= {i.name for i in a.g.input}
+            names |= {i for n in a.g.node for i in node_reads(n) if i not in inner}
+    return names
+
+
+def graph_reads(graph: Any) -> set[str]:
+    """Every value some node of `graph` reads (subgraphs included), and its outputs."""
+    return {i for n in graph.node for i in node_reads(n)} | {o.name for o in graph.output}
+
+
+def order_nodes(graph: Any) -> None:
+    """Order the top-level nodes so that each comes after every value it reads, counting the
+    outer-scope values an If's branches read (onnxruntime's quantizers order by a node's
+    explicit inputs only, which can move an If above what its branches read). The given order
+    is kept wherever it already holds."""
+    known = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    done: list[Any] = []
+    pending = list(graph.node)
+    while pending:
+        rest = []
+        for node in pending:
+            if node_reads(node) <= known:
+                done.append(node)
+                known.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):
+            raise QuantizationError(f"the quantized graph reads a value no node writes (at {rest[0].name})")
+        pending = rest
+    del graph.node[:]
+    graph.node.extend(done)

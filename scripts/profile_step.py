@@ -1,0 +1,115 @@
+"""Profile decode steps of exported models: kernel time per operator type and nodes per step.
+
+    python scripts/profile_step.py build/bench/jamba-125m/int4 build/bench/llama-125m/int4 \
+        --threads 2 --prompt-tokens 128 --new-tokens 100
+
+For each directory: generates once with onnxruntime's profiler on, keeps the runs after the
+prompt, and prints the mean wall time of a step (model_run), the kernel time summed per
+operator type, and how many nodes the session really runs (after onnxruntime's own graph
+optimizations, from a saved copy of the optimized graph; a Scan's body counted once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def profiled(directory: str, threads: int, work: Path) -> tuple[Any, Path]:
+    """A Model whose session profiles every run and saves its optimized graph to `work`."""
+    import onnxruntime as ort
+
+    from hybridrt.runtime import loader
+
+    original = ort.SessionOptions
+
+    def options() -> Any:
+        opts = original()
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(work / "profile")
+        opts.optimized_model_filepath = str(work / "optimized.onnx")
+        return opts
+
+    ort.SessionOptions = options  # type: ignore[misc]
+    try:
+        model = loader.load(directory, "cpu", threads=threads, verify=False)
+    finally:
+        ort.SessionOptions = original  # type: ignore[misc]
+    return model, work / "optimized.onnx"
+
+
+def _nodes(graph: Any) -> int:
+    """Nodes of a one-token call: the graph's, a subgraph (a Scan's body) counted once."""
+    return sum(1 + sum(_nodes(a.g) for a in n.attribute if a.type == a.GRAPH) for n in graph.node)
+
+
+def summarize(trace: Path, steps: int) -> dict[str, Any]:
+    events = json.loads(trace.read_text())
+    runs = [e for e in events if e.get("name") == "model_run"]
+    decode = runs[-steps:]
+    start = decode[0]["ts"]
+    kernels: dict[str, list[float]] = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start:
+            kernels[e["args"]["op_name"]].append(e["dur"])
+    # A Scan's (If's, Loop's) own time includes its body's nodes, which are listed as well:
+    # it is left out of the sum (and reported apart) so that kernel times add up.
+    per_step = {op: sum(d) / len(decode) / 1000 for op, d in kernels.items()}
+    counts = {op: len(d) // len(decode) for op, d in kernels.items()}
+    control = {op: per_step.pop(op) for op in ("Scan", "If", "Loop") if op in per_step}
+    return {
+        "step_ms": float(np.mean([r["dur"] for r in decode]) / 1000),
+        "kernel_ms": sum(per_step.values()),
+        "control_flow_ms_with_bodies": control,
+        "per_op_ms": dict(sorted(per_step.items(), key=lambda kv: -kv[1])),
+        "per_op_nodes": counts,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("models", nargs="+")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=100)
+    p.add_argument("--top", type=int, default=14, help="operator types listed per model")
+    p.add_argument("--json", help="also write the figures here")
+    args = p.parse_args(argv)
+    import onnx
+
+    out = {}
+    for directory in args.models:
+        with tempfile.TemporaryDirectory() as tmp:
+            model, optimized = profiled(directory, args.threads, Path(tmp))
+            rng = np.random.default_rng(0)
+            ids = rng.integers(3, model.manifest.config.get("vocab_size", 1000) - 1, size=args.prompt_tokens)
+            model.generate([int(i) for i in ids], max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
+            trace = Path(model.inference_session.end_profiling())
+            figures = summarize(trace, args.new_tokens - 1)
+            graph = onnx.load(str(optimized), load_external_data=False)
+            figures["graph_nodes"] = _nodes(graph.graph)
+            figures["graph_ops"] = dict(collections.Counter(n.op_type for n in graph.graph.node).most_common())
+        out[directory] = figures
+        print(
+            f"\n{directory}: {figures['step_ms']:.2f} ms per step (profiler on), "
+            f"kernels {figures['kernel_ms']:.2f} ms, {figures['graph_nodes']} nodes after onnxruntime's optimizations"
+        )
+        for op, ms in list(figures["per_op_ms"].items())[: args.top]:
+            share = ms / figures["kernel_ms"]
+            print(f"  {op:36s} x{figures['per_op_nodes'][op]:<4d} {ms:6.3f} ms  {share:5.1%}")
+        for op, ms in figures["control_flow_ms_with_bodies"].items():
+            print(f"  {op:36s} {ms:6.3f} ms with its body's nodes (listed above)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
