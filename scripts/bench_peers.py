@@ -11,7 +11,11 @@ session-optimized graph, a Scan's body counted once). Peers where installed: PyT
 onnxruntime-genai (llama only; `pip install onnxruntime-genai`) and llama.cpp through
 llama-cpp-python (GGUF from its converter; see ../shared/bench/README.md); a peer that is
 not installed is listed as such. Figures go to OUT/bench.json, OUT/bench.md and OUT/bench.png.
-Run on a quiet machine: 2 threads everywhere (`--threads`).
+Run on a quiet machine: 2 threads everywhere (`--threads`). `--rounds N` then measures decode
+alone for hybridrt's int8 and int4 modes and the peers' files in turn, N rounds, and adds the
+medians to bench.md (alternated.json): the speed of this shared machine drifts over minutes,
+so ratios between runtimes are fair only when their runs interleave (`--skip-table` runs the
+rounds alone on an earlier table).
 """
 
 from __future__ import annotations
@@ -185,6 +189,81 @@ def measure_llama_cpp(gguf: str, threads: int) -> dict[str, Any]:
     return out
 
 
+def measure_hybridrt_decode(directory: str, threads: int) -> dict[str, Any]:
+    """Runs in a child process: decode tokens/s alone (the median of three 128-token prompts)."""
+    import hybridrt
+
+    model = hybridrt.load(directory, threads=threads)
+    vocab = model.manifest.vocab_size
+    greedy = {"do_sample": False, "max_new_tokens": NEW, "min_new_tokens": NEW}
+    model.generate(_prompt(vocab, 16), max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    runs = [model.generate_with_stats(_prompt(vocab, SHORT, seed=s), **greedy)[1] for s in range(3)]
+    return {"decode_tok_s": statistics.median(r.decode_tokens_per_s for r in runs)}
+
+
+def measure_llama_cpp_decode(gguf: str, threads: int) -> dict[str, Any]:
+    """Runs in a child process: llama.cpp decode tokens/s alone, as measure_hybridrt_decode."""
+    import llama_cpp
+    import numpy as np
+
+    llm = llama_cpp.Llama(gguf, n_ctx=SHORT + NEW, n_threads=threads, n_batch=512, verbose=False)
+    vocab = llm.n_vocab()
+    rates = []
+    for seed in range(3):
+        llm.reset()
+        llm.eval(_prompt(vocab, SHORT, seed=seed)[0])
+        t0 = time.perf_counter()
+        for _ in range(NEW):
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(vocab,))
+            llm.eval([int(logits.argmax())])
+        rates.append(NEW / (time.perf_counter() - t0))
+    return {"decode_tok_s": statistics.median(rates)}
+
+
+def measure_genai_decode(directory: str, threads: int) -> dict[str, Any]:
+    """Runs in a child process: onnxruntime-genai decode tokens/s alone, as measure_hybridrt_decode."""
+    import onnxruntime_genai as og
+
+    model = og.Model(directory)
+    rates = []
+    for seed in range(3):
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=SHORT + NEW, min_length=SHORT + NEW)
+        gen = og.Generator(model, params)
+        gen.append_tokens(_prompt(32000, SHORT, seed=seed)[0])
+        t0, n = time.perf_counter(), 0
+        while not gen.is_done():
+            gen.generate_next_token()
+            n += 1
+        rates.append(n / (time.perf_counter() - t0))
+    return {"decode_tok_s": statistics.median(rates)}
+
+
+def alternate(entries: list[tuple[str, str, str, str]], rounds: int, threads: int) -> list[dict[str, Any]]:
+    """Decode tokens/s of (model, runtime, mode, kind:path) entries measured in turn, `rounds`
+    times over, each in its own process: on a shared machine whose speed drifts over minutes,
+    ratios between runtimes are only fair when their runs interleave. Medians over rounds."""
+    seen: dict[tuple[str, str, str], list[float]] = {}
+    for _ in range(rounds):
+        for model, runtime, mode, spec in entries:
+            kind, path = spec.split(":", 1)
+            rate = child(f"{kind}_decode", path, threads).get("decode_tok_s")
+            if rate is not None:
+                seen.setdefault((model, runtime, mode), []).append(rate)
+    return [
+        {"model": m, "runtime": r, "mode": mode, "decode_tok_s": statistics.median(v), "runs": v}
+        for (m, r, mode), v in seen.items()
+    ]
+
+
+def alternated_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model | runtime | mode | decode tok/s (median) | rounds |", "|---|---|---|---|---|"]
+    for r in rows:
+        runs = ", ".join(f"{v:.1f}" for v in r["runs"])
+        lines.append(f"| {r['model']} | {r['runtime']} | {r['mode']} | {r['decode_tok_s']:.1f} | {runs} |")
+    return "\n".join(lines)
+
+
 def child(kind: str, path: str, threads: int) -> dict[str, Any]:
     """One measurement in a fresh process (its own peak RSS); errors come back as text."""
     code = (
@@ -260,8 +339,40 @@ def main() -> None:
     ap.add_argument("--gguf", nargs="*", default=[], help="NAME=PATH.gguf for llama.cpp (q8_0, q4_0 files)")
     ap.add_argument("--genai", nargs="*", default=[], help="NAME=DIR of onnxruntime-genai exports")
     ap.add_argument("--no-torch", action="store_true", help="skip PyTorch eager")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="then decode alone, hybridrt's int8/int4 modes and the peers' files in turn, this many rounds",
+    )
+    ap.add_argument("--skip-table", action="store_true", help="only the alternated rounds (reads OUT/bench.json)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.skip_table:
+        rows = json.loads((args.out / "bench.json").read_text())
+    else:
+        rows = run_table(args)
+    if args.rounds:
+        entries = []
+        for name in args.models:
+            for mode in ("int8-dynamic", "int8-weight", "int4", "int4-sym-vocab4"):
+                entries.append((name, "hybridrt", mode, f"hybridrt:{args.work / name / mode}"))
+            for spec in args.gguf:
+                label, path = spec.split("=", 1)
+                if label.startswith(f"{name}:"):
+                    entries.append((name, "llama.cpp", label.split(":", 1)[1], f"llama_cpp:{path}"))
+            for spec in args.genai:
+                label, path = spec.split("=", 1)
+                if label.startswith(f"{name}:") and installed("onnxruntime_genai"):
+                    entries.append((name, "onnxruntime-genai", label.split(":", 1)[1], f"genai:{path}"))
+        alternated = alternate(entries, args.rounds, args.threads)
+        (args.out / "alternated.json").write_text(json.dumps(alternated, indent=2))
+        text = f"Decode alone, {args.rounds} rounds in turn (each entry in its own process):\n\n"
+        (args.out / "bench.md").write_text(table(rows) + "\n\n" + text + alternated_table(alternated) + "\n")
+        print(alternated_table(alternated))
+
+
+def run_table(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for name in args.models:
         dirs = prepare(args.configs / f"{name}.json", args.work)
@@ -291,6 +402,7 @@ def main() -> None:
     (args.out / "bench.md").write_text(table(rows) + "\n")
     plot(rows, args.out / "bench.png")
     print(table(rows))
+    return rows
 
 
 if __name__ == "__main__":

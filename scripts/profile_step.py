@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=100)
+    p.add_argument("--batch", type=int, default=1, help="prompts per call")
     p.add_argument("--top", type=int, default=14, help="operator types listed per model")
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args(argv)
@@ -89,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             model, optimized = profiled(directory, args.threads, Path(tmp))
             rng = np.random.default_rng(0)
-            ids = rng.integers(3, model.manifest.config.get("vocab_size", 1000) - 1, size=args.prompt_tokens)
-            model.generate([int(i) for i in ids], max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
+            ids = rng.integers(3, model.manifest.vocab_size - 1, size=(args.batch, args.prompt_tokens)).tolist()
+            model.generate(
+                ids if args.batch > 1 else ids[0], max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens
+            )
             trace = Path(model.inference_session.end_profiling())
             figures = summarize(trace, args.new_tokens - 1)
             graph = onnx.load(str(optimized), load_external_data=False)

@@ -72,10 +72,7 @@ def test_fusion_keeps_the_contract_and_replaces_seven_nodes_per_norm(jamba_onnx:
     record = read_manifest(jamba_onnx).provenance["fused_norms"]
     packed = record["packed_qkv"]
     assert packed == ops.count("GroupQueryAttention") > 0
-    # ... and each Mamba step size's Add and Softplus became one LinearAttentionGate.
-    gates = record["softplus_gates"]
-    assert gates == ops.count("LinearAttentionGate") == ops.count("Scan") > 0 and "Softplus" not in ops
-    assert len(plain.graph.node) - len(fused.graph.node) == 6 * n_norms + n_skip + 2 * packed + gates
+    assert len(plain.graph.node) - len(fused.graph.node) == 6 * n_norms + n_skip + 2 * packed
     assert not {n.op_type for n in plain.graph.node} & set(FUSED)
     assert read_manifest(unfused_onnx).provenance["fused_norms"] is False
 

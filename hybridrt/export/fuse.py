@@ -1,4 +1,5 @@
-"""RMSNorm fusion of an exported ONNX graph with onnxruntime.transformers' own passes.
+"""Rewrites of an exported ONNX graph: RMSNorm fusion with onnxruntime.transformers' own
+passes, then our own hybrid-specific ones (`pack_qkv`, `expand_selective_scans`).
 
 torch's exporter (opset 20) writes each RMSNorm as Pow -> ReduceMean -> Add(eps) -> Sqrt ->
 Reciprocal -> Mul -> Mul(weight), seven nodes that onnxruntime's in-session optimizer does
@@ -278,11 +279,11 @@ def expand_selective_scans(model: onnx.ModelProto) -> int:
     The Mamba1 scan has d_inner channels, each with its own d_state-wide state and decay,
     h_t = exp(dt_t A) * h_{t-1} + B_t (dt x)_t, y_t = C_t h_t. onnxruntime has no operator for
     it: LinearAttention takes it as d_inner heads of one value each, and its per-head loop is
-    slow (measured per layer, jamba-125m sizes, 2 threads: 36-43 ms for 128 tokens and 620 ms
-    for 1,900, against 4.6 and 35 ms for this Scan; one token 22 us, as fast as the step
-    written out). So the scan is a Scan over the sequence whose body is the step on the
-    state as the contract stores it, [b, n, H] with channels innermost (every product
-    broadcasts along the long axis):
+    slow. Measured per layer at jamba-125m's sizes, 2 threads (docs/notes/onnxruntime-fused-ops,
+    mamba1_scan.py): 12.7 ms for 128 tokens and 363 ms for 1,900, against 2.2 and 34 ms for
+    this Scan; one token 88 us against 27 us (21 us for the step as plain nodes, no Scan). So
+    the scan is a Scan over the sequence whose body is the step on the state as the contract
+    stores it, [b, n, H] with channels innermost (every product broadcasts along the long axis):
 
         h = exp(dt_t * A) * h + B_t^T (dt x)_t,   y_t = C_t h
 
@@ -413,50 +414,3 @@ def _drop_dead(graph: onnx.GraphProto) -> None:
             graph.node.remove(node)
     for tensor in [t for t in graph.initializer if t.name not in read]:
         graph.initializer.remove(tensor)
-
-
-def fuse_softplus_bias(model: onnx.ModelProto) -> int:
-    """softplus(x + bias) as one com.microsoft LinearAttentionGate node, in place.
-
-    Mamba's step size is dt = softplus(x + dt_bias) (Mamba1: dt_proj's bias; Mamba2: dt_bias)
-    per channel or head and token. onnxruntime's Softplus kernel is scalar: 20 us for
-    jamba-125m's 1,536 channels of one token, plus 5 us for the Add, where LinearAttentionGate
-    (decay = decay_scale * softplus(a + dt_bias), here with decay_scale 1) takes 12 us for
-    both, within one unit in the last place of torch's softplus. Where the Add's other input
-    is a one-dimensional constant and the sum feeds only the Softplus, the two nodes become
-    one. Returns how many."""
-    import numpy as np
-    from onnx import helper, numpy_helper
-
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    producer = {o: n for n in graph.node for o in n.output if o}
-    uses = Counter(i for n in graph.node for i in n.input if i)
-    uses.update(o.name for o in graph.output)
-    ones: dict[int, str] = {}
-    fused = 0
-    for soft in [n for n in graph.node if n.op_type == "Softplus" and n.domain in ("", "ai.onnx")]:
-        add = producer.get(soft.input[0])
-        if add is None or add.op_type != "Add" or uses[soft.input[0]] != 1:
-            continue
-        bias = [i for i in add.input if i in inits and len(inits[i].dims) == 1]
-        other = [i for i in add.input if i not in bias]
-        if len(bias) != 1 or len(other) != 1 or inits[bias[0]].data_type != onnx.TensorProto.FLOAT:
-            continue
-        size = int(inits[bias[0]].dims[0])
-        if size not in ones:
-            ones[size] = f"/softplus_gate/ones_{size}"
-            graph.initializer.append(numpy_helper.from_array(np.ones(size, np.float32), ones[size]))
-        gate = helper.make_node(
-            "LinearAttentionGate",
-            [other[0], bias[0], ones[size]],
-            [soft.output[0]],
-            name=soft.name.rsplit("/", 1)[0] + "/LinearAttentionGate",
-            domain="com.microsoft",
-        )
-        at = list(graph.node).index(soft)
-        graph.node.insert(at, gate)
-        graph.node.remove(soft)
-        graph.node.remove(add)
-        fused += 1
-    return fused

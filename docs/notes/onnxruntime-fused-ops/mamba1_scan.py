@@ -68,6 +68,7 @@ body = h.make_graph(
     "body",
     [h.make_tensor_value_info(k, TP.FLOAT, v) for k, v in sizes.items()],
     [h.make_tensor_value_info("h_out", TP.FLOAT, ["b", "n", "H"]), h.make_tensor_value_info("y_i", TP.FLOAT, ["b", 1, "H"])],
+    [nh.from_array(A, "A")],  # a constant of the body, as export.fuse writes it
 )
 scan = [
     h.make_node("Unsqueeze", ["dt", "ax2"], ["dt4"]),
