@@ -99,6 +99,32 @@ def test_each_causal_conv_is_one_fused_node(jamba_onnx: Path) -> None:
     assert not [n for n in nodes if n.op_type == "Conv"]
 
 
+def test_each_mamba_scan_is_one_self_contained_scan(jamba_onnx: Path) -> None:
+    """Each Mamba1 recurrence is one onnxruntime Scan over the tokens: it reads the state input
+    of its layer and writes the present one, in contract 3's [batch, d_state, d_inner] layout,
+    and its six-node body reads only its own inputs and its constant A (no outer-scope name,
+    no export placeholder left)."""
+    model = onnx.load(str(jamba_onnx / "model.onnx"))
+    scans = [n for n in model.graph.node if n.op_type == "Scan"]
+    assert [n.input[0] for n in scans] == ["past.0.ssm", "past.2.ssm"]
+    assert [n.output[0] for n in scans] == ["present.0.ssm", "present.2.ssm"]
+    for scan in scans:
+        body = next(a.g for a in scan.attribute if a.name == "body")
+        own = (
+            {i.name for i in body.input} | {t.name for t in body.initializer} | {o for n in body.node for o in n.output}
+        )
+        assert {i for n in body.node for i in n.input} <= own
+        assert [t.name for t in body.initializer] == ["A"] and len(body.node) == 6
+        assert float(onnx.numpy_helper.to_array(body.initializer[0]).max()) < 0  # A = -exp(A_log)
+    assert not {o.domain for o in model.opset_import} & {"hybridrt.export"}
+    assert not [n for n in model.graph.node if n.op_type in ("SelectiveScan", "LinearAttention")]
+    manifest = read_manifest(jamba_onnx)
+    assert manifest.provenance["fused_norms"]["selective_scans"] == 2
+    ssm = next(s for s in manifest.pasts if s.name == "past.0.ssm")
+    cfg = manifest.config
+    assert ssm.dims[1:] == (cfg["mamba_d_state"], cfg["mamba_expand"] * cfg["hidden_size"])
+
+
 def test_node_count_does_not_depend_on_trace_length(jamba_dir: Path, tmp_path: Path) -> None:
     """Nothing is unrolled over time: tracing at 5 or 37 tokens gives the same graph size."""
     from hybridrt.export.onnx_export import export_program, to_onnx
