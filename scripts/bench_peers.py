@@ -15,7 +15,10 @@ Run on a quiet machine: 2 threads everywhere (`--threads`). `--rounds N` then me
 alone for hybridrt's int8 and int4 modes and the peers' files in turn, N rounds, and adds the
 medians to bench.md (alternated.json): the speed of this shared machine drifts over minutes,
 so ratios between runtimes are fair only when their runs interleave (`--skip-table` runs the
-rounds alone on an earlier table).
+rounds alone on an earlier table). Each entry there also gets the weight bytes one decode step
+reads (every weight but an embedding table that only a lookup reads) and the rate at which it
+reads them (MB x tokens/s): decode at batch 1 streams the weights once per token, so that rate
+shows how well a runtime uses the memory bandwidth apart from how many bytes its format stores.
 """
 
 from __future__ import annotations
@@ -189,6 +192,12 @@ def measure_llama_cpp(gguf: str, threads: int) -> dict[str, Any]:
     return out
 
 
+# The decode-only measurements first run one whole generation (prompt and NEW tokens) that
+# they do not time: the first generation of a process runs 5-15% slower than the next
+# (allocations, page faults), and a short warm-up leaves that in the timed runs.
+WARM_SEED = 99
+
+
 def measure_hybridrt_decode(directory: str, threads: int) -> dict[str, Any]:
     """Runs in a child process: decode tokens/s alone (the median of three 128-token prompts)."""
     import hybridrt
@@ -196,7 +205,7 @@ def measure_hybridrt_decode(directory: str, threads: int) -> dict[str, Any]:
     model = hybridrt.load(directory, threads=threads)
     vocab = model.manifest.vocab_size
     greedy = {"do_sample": False, "max_new_tokens": NEW, "min_new_tokens": NEW}
-    model.generate(_prompt(vocab, 16), max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    model.generate(_prompt(vocab, SHORT, seed=WARM_SEED), **greedy)
     runs = [model.generate_with_stats(_prompt(vocab, SHORT, seed=s), **greedy)[1] for s in range(3)]
     return {"decode_tok_s": statistics.median(r.decode_tokens_per_s for r in runs)}
 
@@ -209,7 +218,7 @@ def measure_llama_cpp_decode(gguf: str, threads: int) -> dict[str, Any]:
     llm = llama_cpp.Llama(gguf, n_ctx=SHORT + NEW, n_threads=threads, n_batch=512, verbose=False)
     vocab = llm.n_vocab()
     rates = []
-    for seed in range(3):
+    for seed in (WARM_SEED, 0, 1, 2):
         llm.reset()
         llm.eval(_prompt(vocab, SHORT, seed=seed)[0])
         t0 = time.perf_counter()
@@ -217,7 +226,7 @@ def measure_llama_cpp_decode(gguf: str, threads: int) -> dict[str, Any]:
             logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(vocab,))
             llm.eval([int(logits.argmax())])
         rates.append(NEW / (time.perf_counter() - t0))
-    return {"decode_tok_s": statistics.median(rates)}
+    return {"decode_tok_s": statistics.median(rates[1:])}
 
 
 def measure_genai_decode(directory: str, threads: int) -> dict[str, Any]:
@@ -226,7 +235,7 @@ def measure_genai_decode(directory: str, threads: int) -> dict[str, Any]:
 
     model = og.Model(directory)
     rates = []
-    for seed in range(3):
+    for seed in (WARM_SEED, 0, 1, 2):
         params = og.GeneratorParams(model)
         params.set_search_options(do_sample=False, max_length=SHORT + NEW, min_length=SHORT + NEW)
         gen = og.Generator(model, params)
@@ -236,7 +245,110 @@ def measure_genai_decode(directory: str, threads: int) -> dict[str, Any]:
             gen.generate_next_token()
             n += 1
         rates.append(n / (time.perf_counter() - t0))
-    return {"decode_tok_s": statistics.median(rates)}
+    return {"decode_tok_s": statistics.median(rates[1:])}
+
+
+EMBEDDING_OPS = {"Gather", "GatherBlockQuantized"}
+
+
+def onnx_weight_bytes(model_path: str) -> int:
+    """Bytes of the weights one decode step of an ONNX graph reads: every initializer and
+    constant (a Scan's body too), but those only an embedding lookup reads (it reads one row)."""
+    import onnx
+
+    def size(t: Any) -> int:
+        ext = {e.key: e.value for e in t.external_data}
+        if "length" in ext:
+            return int(ext["length"])
+        return len(t.raw_data) or int(onnx.numpy_helper.to_array(t).nbytes)
+
+    def walk(graph: Any) -> tuple[dict[str, int], dict[str, set[str]]]:
+        sizes = {t.name: size(t) for t in graph.initializer}
+        readers: dict[str, set[str]] = {}
+        for node in graph.node:
+            for name in node.input:
+                readers.setdefault(name, set()).add(node.op_type)
+            for a in node.attribute:
+                if a.type == a.TENSOR and node.op_type == "Constant":
+                    sizes[node.output[0]] = size(a.t)
+                if a.type == a.GRAPH:
+                    inner_sizes, inner_readers = walk(a.g)
+                    sizes |= inner_sizes
+                    for k, v in inner_readers.items():
+                        readers.setdefault(k, set()).update(v)
+        return sizes, readers
+
+    sizes, readers = walk(onnx.load(model_path, load_external_data=False).graph)
+    return sum(n for name, n in sizes.items() if not readers.get(name) or readers[name] - EMBEDDING_OPS)
+
+
+def gguf_weight_bytes(path: str) -> int:
+    """Bytes of the weights one llama.cpp decode step reads: every tensor of the GGUF file but
+    `token_embd.weight` when an `output.weight` head is stored apart (the lookup reads one row)."""
+    import struct
+
+    with open(path, "rb") as f:
+        data = f.read(16 << 20)  # the header (metadata and tensor infos) is far smaller
+        end = f.seek(0, 2)
+    at = 0
+
+    def take(fmt: str) -> Any:
+        nonlocal at
+        (v,) = struct.unpack_from("<" + fmt, data, at)
+        at += struct.calcsize("<" + fmt)
+        return v
+
+    def string() -> str:
+        nonlocal at
+        n = take("Q")
+        at += n
+        return data[at - n : at].decode("utf-8", "replace")
+
+    scalars = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+    def value(kind: int) -> Any:
+        if kind == 8:
+            return string()
+        if kind == 9:
+            inner, n = take("I"), take("Q")
+            return [value(inner) for _ in range(n)]
+        return take(scalars[kind])
+
+    if data[:4] != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file")
+    at = 4
+    _version, n_tensors, n_kv = take("I"), take("Q"), take("Q")
+    meta = {}
+    for _ in range(n_kv):
+        key = string()
+        meta[key] = value(take("I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        dims = [take("Q") for _ in range(take("I"))]
+        _kind, offset = take("I"), take("Q")
+        infos.append((offset, name, dims))
+    align = int(meta.get("general.alignment", 32))
+    start = -(-at // align) * align
+    infos.sort()
+    sizes = {
+        name: (infos[i + 1][0] if i + 1 < len(infos) else end - start) - offset
+        for i, (offset, name, _) in enumerate(infos)
+    }
+    untied = "output.weight" in sizes
+    return sum(n for name, n in sizes.items() if not (untied and name == "token_embd.weight"))
+
+
+def weight_bytes(kind: str, path: str) -> int | None:
+    """Weight bytes per decode step of an entry of the alternated rounds (None: unknown kind)."""
+    if kind == "llama_cpp":
+        return gguf_weight_bytes(path)
+    if kind == "genai":
+        return onnx_weight_bytes(os.path.join(path, "model.onnx"))
+    if kind == "hybridrt":
+        manifest = json.loads(Path(path, "hybridrt.json").read_text())
+        return onnx_weight_bytes(os.path.join(path, manifest.get("graph_file", "model.onnx")))
+    return None
 
 
 def alternate(entries: list[tuple[str, str, str, str]], rounds: int, threads: int) -> list[dict[str, Any]]:
@@ -250,17 +362,30 @@ def alternate(entries: list[tuple[str, str, str, str]], rounds: int, threads: in
             rate = child(f"{kind}_decode", path, threads).get("decode_tok_s")
             if rate is not None:
                 seen.setdefault((model, runtime, mode), []).append(rate)
-    return [
-        {"model": m, "runtime": r, "mode": mode, "decode_tok_s": statistics.median(v), "runs": v}
-        for (m, r, mode), v in seen.items()
-    ]
+    specs = {(m, r, mode): spec for m, r, mode, spec in entries}
+    rows = []
+    for key, v in seen.items():
+        row = {"model": key[0], "runtime": key[1], "mode": key[2], "decode_tok_s": statistics.median(v), "runs": v}
+        size = weight_bytes(*specs[key].split(":", 1))
+        if size is not None:
+            row["weights_mb"] = size / 1e6
+            row["read_gb_s"] = size * row["decode_tok_s"] / 1e9
+        rows.append(row)
+    return rows
 
 
 def alternated_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| model | runtime | mode | decode tok/s (median) | rounds |", "|---|---|---|---|---|"]
+    lines = [
+        "| model | runtime | mode | decode tok/s (median) | rounds | weights read per token | read rate |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         runs = ", ".join(f"{v:.1f}" for v in r["runs"])
-        lines.append(f"| {r['model']} | {r['runtime']} | {r['mode']} | {r['decode_tok_s']:.1f} | {runs} |")
+        size = f"{r['weights_mb']:.1f} MB" if "weights_mb" in r else ""
+        rate = f"{r['read_gb_s']:.1f} GB/s" if "read_gb_s" in r else ""
+        lines.append(
+            f"| {r['model']} | {r['runtime']} | {r['mode']} | {r['decode_tok_s']:.1f} | {runs} | {size} | {rate} |"
+        )
     return "\n".join(lines)
 
 

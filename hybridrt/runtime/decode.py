@@ -153,7 +153,7 @@ def _record(
     out: list[list[int]], tokens: np.ndarray, live: np.ndarray, eos: np.ndarray, stop: StopCheck | None
 ) -> np.ndarray:
     """Append each live row's token; returns which rows go on."""
-    finished = np.isin(tokens, eos)
+    finished = (tokens[:, None] == eos[None, :]).any(axis=1)  # np.isin costs ~10x more per step
     for r in np.flatnonzero(live):
         out[r].append(int(tokens[r]))
         if stop is not None and not finished[r] and stop(out[r]):
