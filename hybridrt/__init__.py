@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .errors import (
@@ -50,6 +50,10 @@ def export_model(
     fused_ops: bool = True,
     fuse_norms: bool = True,
     progress: Callable[[str], None] | None = None,
+    quantize: str | None = None,
+    quantize_options: dict[str, Any] | None = None,
+    eval_text: str | Path | None = None,
+    layout: str = "hybridrt",
 ) -> Manifest:
     """Export a Hugging Face checkpoint directory (or "default", the shipped model) to a graph
     directory; returns its manifest. Needs the `export` extra.
@@ -59,18 +63,26 @@ def export_model(
     Mamba recurrence as one onnxruntime `com.microsoft` node; False keeps standard operators.
     fuse_norms: with fused_ops, fuse each RMSNorm (and the residual Add before it) into
     onnxruntime's SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization.
-    progress: called with a line per stage.
+    progress: called with a line per stage. quantize: "int4", "int8-weight" or "int8-dynamic",
+    each layer quantized as it is written (quantize_options: `quantize`'s options; eval_text:
+    held-out text for the quality report against float). layout: "hybridrt" (the default) or
+    "transformers-js", the directory transformers.js loads (docs/interop.md).
     """
     from .default_model import checkpoint_dir
     from .export.api import export
 
-    return export(
-        checkpoint_dir(src),
-        out,
-        format=format,
-        force=force,
-        validate=validate,
-        fused_ops=fused_ops,
-        fuse_norms=fuse_norms,
-        progress=progress,
+    kwargs: dict[str, Any] = dict(
+        format=format, force=force, validate=validate, fused_ops=fused_ops, fuse_norms=fuse_norms, progress=progress
     )
+    if quantize is not None:
+        from .quantization.direct import export_quantized
+
+        if layout != "hybridrt":
+            from .export.layouts import check_layout
+
+            check_layout(layout, checkpoint_dir(src), format, quantized=True)
+
+        return export_quantized(  # type: ignore[no-any-return]
+            checkpoint_dir(src), out, quantize, quantize_options, eval_text=eval_text, layout=layout, **kwargs
+        )
+    return export(checkpoint_dir(src), out, eval_text=eval_text, layout=layout, **kwargs)

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     command = _subparser(parser, args.command)
-    module = importlib.import_module(f"hybridrt.commands.{args.command}")
+    module = importlib.import_module(f"hybridrt.commands.{args.command.replace('-', '_')}")
     try:
         code = int(module.run(args) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe shows up here, not at exit

@@ -4,18 +4,35 @@ below graphs/ (whose contract is a function of it) and models/ (which builds fro
 `layer_types` is the hybrid as data: one entry per layer, each a mixer kind of
 `kinds.LAYER_KINDS`. It drives the model build, the graph's state inputs (graphs.contract),
 the runtime's buffer allocation and the tests.
+
+Parameters that one layer kind or one family alone reads are not fields here: a kind declares
+them as a frozen dataclass (`LayerKind.params`), a family likewise (`Family.params`), and the
+config carries them in `kind_params` (kind name -> its dataclass) and `family_params`. They
+read as attributes all the same (`cfg.gdn_k_heads`), so a kind or family registered from
+outside the package adds parameters without an edit here. Serialized (`to_dict`), they sit
+under "kind_params" and "family_params"; `from_dict` also reads the flat layout of older
+manifests, and refuses a key it cannot place rather than drop it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from .kinds import FFN_KINDS, LAYER_KINDS
 
 MIXER_KINDS = LAYER_KINDS  # the table in kinds.py; names here for older imports
 ROPE_TYPES = ("default", "linear", "llama3")
+# model_type -> the frozen dataclass of that family's own parameters (registry.register fills it)
+FAMILY_PARAMS: dict[str, type] = {}
+_TUPLES = ("layer_types", "ffn_types", "eos_token_id", "ssm_multipliers", "mlp_multipliers")
+
+
+def kind_params_classes() -> dict[str, type]:
+    """kind name -> its parameters dataclass, for the kinds that declare one."""
+    return {name: kind.params for name, kind in LAYER_KINDS.items() if kind.params is not None}
 
 
 @dataclass(frozen=True)
@@ -72,9 +89,6 @@ class HybridConfig:
     # clamp) and the gated norm's own eps (None: rms_norm_eps).
     mamba2_dt_min: float = 0.0
     mamba2_norm_eps: float | None = None
-    # Short causal conv (LFM2)
-    conv_kernel: int = 3
-    conv_bias: bool = False
     # Scalar multipliers (Granite); the defaults leave a model unchanged.
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
@@ -100,14 +114,6 @@ class HybridConfig:
     moe_intermediate_size: int = 0  # each routed expert's size (also Qwen3-Next); 0 = intermediate_size
     moe_expert_bias: bool = False  # a per-expert bias added to the scores for the top-k choice only
     moe_routed_scaling: float = 1.0  # the routing weights are multiplied by it
-    # Gated DeltaNet (Qwen3-Next, Qwen3.5): linear-attention layers with a delta-rule state
-    # [b, gdn_v_heads, gdn_k_head_dim, gdn_v_head_dim]; each key head serves v/k value heads.
-    gdn_k_heads: int = 0
-    gdn_v_heads: int = 0
-    gdn_k_head_dim: int = 128
-    gdn_v_head_dim: int = 128
-    gdn_conv_kernel: int = 4
-    gdn_split_proj: bool = False  # Qwen3.5: in_proj_qkv/z/b/a; else Qwen3-Next's interleaved qkvz/ba
     # Gated attention (Qwen3-Next, Qwen3.5): q_proj also yields a per-head gate, y * sigmoid(gate).
     attn_output_gate: bool = False
     # Nemotron-H MoE (ffn kind nemotron_moe): a DeepSeek-V3 style router (sigmoid scores, a
@@ -129,6 +135,11 @@ class HybridConfig:
     pad_token_id: int | None = None
     # Prompt-path scan: chunk length of the parallel scan (a constant of the graph).
     scan_chunk: int = 16
+    # Parameters owned by layer kinds (kind name -> its LayerKind.params dataclass; one entry per
+    # kind of layer_types that declares parameters) and by the family (its Family.params, or
+    # None). A mapping loaded for a family that is not installed stays a plain dict.
+    kind_params: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    family_params: Any = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != len(self.ffn_types):
@@ -141,6 +152,23 @@ class HybridConfig:
                 raise ValueError(f"unknown feed-forward kind {kind!r}; known: {', '.join(FFN_KINDS)}")
         if self.rope_type not in ROPE_TYPES:
             raise ValueError(f"unknown rope type {self.rope_type!r}; known: {', '.join(ROPE_TYPES)}")
+        object.__setattr__(self, "kind_params", _kind_params(self.layer_types, self.kind_params))
+        object.__setattr__(self, "family_params", _family_params(self.model_type, self.family_params))
+
+    def __getattr__(self, name: str) -> Any:
+        """A kind's or the family's parameter (or one of their properties) by name; a kind
+        that no layer uses answers with its defaults."""
+        if name.startswith("__") or "kind_params" not in self.__dict__:
+            raise AttributeError(name)
+        family = self.__dict__["family_params"]
+        groups = [*self.__dict__["kind_params"].values(), *([] if family is None else [family])]
+        groups += [cls() for kind, cls in kind_params_classes().items() if kind not in self.__dict__["kind_params"]]
+        for group in groups:
+            if isinstance(group, Mapping) and name in group:
+                return group[name]
+            if not isinstance(group, Mapping) and hasattr(group, name):
+                return getattr(group, name)
+        raise AttributeError(f"{type(self).__name__} has no field or kind/family parameter {name!r}")
 
     @property
     def num_layers(self) -> int:
@@ -172,11 +200,6 @@ class HybridConfig:
         return self.mamba2_d_inner + 2 * self.mamba2_groups * self.mamba_d_state
 
     @property
-    def gdn_conv_dim(self) -> int:
-        """Channels of the Gated DeltaNet conv: q, k and v side by side."""
-        return 2 * self.gdn_k_heads * self.gdn_k_head_dim + self.gdn_v_heads * self.gdn_v_head_dim
-
-    @property
     def has_attention(self) -> bool:
         """Whether any layer keeps KV (a kind with `attention`): the graph then takes past_lengths."""
         return any(LAYER_KINDS[k].attention for k in self.layer_types)
@@ -189,13 +212,105 @@ class HybridConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def typed_fields(self) -> Iterator[tuple[str, str, Any]]:
+        """(name, annotated type, value) of every field and every kind and family parameter
+        held as a dataclass, for checks of a translated config's values."""
+        for obj in (self, *self.kind_params.values(), self.family_params):
+            if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+                for f in dataclasses.fields(obj):
+                    if f.name not in ("kind_params", "family_params"):
+                        yield f.name, str(f.type), getattr(obj, f.name)
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> HybridConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in known}
-        for key in ("layer_types", "ffn_types", "eos_token_id", "ssm_multipliers", "mlp_multipliers"):
+    def make(cls, **fields: Any) -> HybridConfig:
+        """A config from flat keyword fields: those that are not HybridConfig's own go to the
+        kind or family parameters that declare them (an unknown name is an error)."""
+        own = {f.name for f in dataclasses.fields(cls)}
+        core = {k: v for k, v in fields.items() if k in own}
+        rest = {k: v for k, v in fields.items() if k not in own}
+        if rest:
+            kinds, family = _place(str(core.get("model_type")), rest)
+            core["kind_params"] = {**kinds, **dict(core.get("kind_params") or {})}
+            if family:
+                core["family_params"] = family | dict(core.get("family_params") or {})
+        return cls(**core)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HybridConfig:
+        """The inverse of to_dict; also reads the flat layout of older manifests, in which the
+        kinds' parameters were fields of their own."""
+        kwargs = dict(data)
+        for key in _TUPLES:
             if key in kwargs:
                 kwargs[key] = tuple(kwargs[key])
         if "rope_scaling" in kwargs:
             kwargs["rope_scaling"] = tuple((str(k), float(v)) for k, v in kwargs["rope_scaling"])
-        return cls(**kwargs)
+        return cls.make(**kwargs)
+
+
+def _as_params(cls: type, values: Any) -> Any:
+    """`values` (a mapping, as JSON gives it, or already the dataclass) as an instance of `cls`."""
+    if isinstance(values, cls):
+        return values
+    names = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        raise ValueError(f"unknown parameter {unknown[0]!r} of {cls.__name__}; known: {', '.join(names)}")
+    return cls(
+        **{k: tuple(v) if names[k].startswith("tuple") and isinstance(v, list) else v for k, v in values.items()}
+    )
+
+
+def _kind_params(layer_types: tuple[str, ...], given: Mapping[str, Any]) -> dict[str, Any]:
+    """One parameters instance per kind of layer_types that declares parameters (defaults where
+    none were given). Parameters of a kind that no layer uses are checked, then left out: they
+    change nothing."""
+    classes = kind_params_classes()
+    out: dict[str, Any] = {}
+    for kind, values in given.items():
+        if kind not in classes:
+            raise ValueError(f"parameters given for kind {kind!r}, which declares none")
+        params = _as_params(classes[kind], values)
+        if kind in layer_types:
+            out[kind] = params
+    for kind in dict.fromkeys(layer_types):
+        if kind in classes and kind not in out:
+            out[kind] = classes[kind]()
+    return out
+
+
+def _family_params(model_type: str, given: Any) -> Any:
+    cls = FAMILY_PARAMS.get(model_type)
+    if cls is None:
+        return None if given is None else dict(given)  # a family not installed here: kept as read
+    return cls() if given is None else _as_params(cls, given)
+
+
+def _place(model_type: str, fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Flat fields -> (kind name -> {field: value}, the family's {field: value})."""
+    owner: dict[str, str] = {}
+    for kind, cls in kind_params_classes().items():
+        for f in dataclasses.fields(cls):
+            owner.setdefault(f.name, kind)
+    family_cls = FAMILY_PARAMS.get(model_type)
+    family_fields = {f.name for f in dataclasses.fields(family_cls)} if family_cls else set()
+    kinds: dict[str, dict[str, Any]] = {}
+    family: dict[str, Any] = {}
+    for name, value in fields.items():
+        if name in family_fields:
+            family[name] = value
+        elif name in owner:
+            kinds.setdefault(owner[name], {})[name] = value
+        else:
+            raise ValueError(
+                f"unknown config field {name!r}: not a field of HybridConfig, nor a parameter of a layer kind "
+                f"or of the {model_type} family"
+            )
+    return kinds, family
+
+
+def register_family_params(model_type: str, cls: type) -> None:
+    """Declare the dataclass of a family's own parameters (registry.register calls it)."""
+    if not (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
+        raise TypeError(f"{model_type}: family parameters must be a frozen dataclass, not {cls!r}")
+    FAMILY_PARAMS[model_type] = cls

@@ -52,6 +52,9 @@ class LayerKind:
     # False: the layer has no input_norm and the mixer takes the raw residual stream x
     # (it norms inside, as Zamba2's hybrid layer must: it adds to x before its norm).
     prenorm: bool = True
+    # A frozen dataclass of the parameters this kind alone reads (with defaults for all of
+    # them); the config carries an instance per kind in use and reads its fields as attributes.
+    params: type | None = None
 
 
 def _kv(cfg: HybridConfig) -> tuple[Dim, ...]:
@@ -63,6 +66,37 @@ VALUE = StateDecl("value", _kv)
 MAMBA2_CONV = StateDecl("conv", lambda c: (c.mamba2_conv_dim, c.mamba_d_conv - 1))
 # [heads, d_state, head_dim]: onnxruntime LinearAttention's own layout (no Transpose per step)
 MAMBA2_SSM = StateDecl("ssm", lambda c: (c.mamba2_heads, c.mamba_d_state, c.mamba2_head_dim))
+
+
+@dataclass(frozen=True)
+class ShortConvParams:
+    """Kind `conv` (LFM2's gated short conv): kernel length k and whether the projections
+    and the conv have biases."""
+
+    conv_kernel: int = 3
+    conv_bias: bool = False
+
+
+@dataclass(frozen=True)
+class GatedDeltaParams:
+    """Kind `gated_delta`: key heads Hk, value heads H (each key head serves H / Hk of them),
+    key and value head dims K and V, the conv kernel k, and the variants of the families that
+    use it."""
+
+    gdn_k_heads: int = 0
+    gdn_v_heads: int = 0
+    gdn_k_head_dim: int = 128
+    gdn_v_head_dim: int = 128
+    gdn_conv_kernel: int = 4
+    gdn_split_proj: bool = False  # Qwen3.5 and OLMo: in_proj_qkv/z/b/a; else Qwen3-Next's interleaved qkvz/ba
+    gdn_norm_eps: float | None = None  # the gated output norm's eps; None: rms_norm_eps (OLMo: 1e-5)
+    gdn_beta_scale: float = 1.0  # beta = scale * sigmoid(b); OLMo's allow_neg_eigval doubles it (beta in [0, 2])
+
+    @property
+    def gdn_conv_dim(self) -> int:
+        """Channels of the Gated DeltaNet conv: q, k and v side by side."""
+        return 2 * self.gdn_k_heads * self.gdn_k_head_dim + self.gdn_v_heads * self.gdn_v_head_dim
+
 
 LAYER_KINDS: dict[str, LayerKind] = {}
 FFN_KINDS: dict[str, str | None] = {}
@@ -82,7 +116,8 @@ register_kind(
         "attention",
         "hybridrt.models.layers:Attention",
         (KEY, VALUE),
-        "grouped-query causal attention, optional RoPE and q/k norms; KV grows per token",
+        "grouped-query causal attention, optional RoPE and q/k norms; KV in fixed-capacity buffers "
+        "written in place (GroupQueryAttention when fused), regrown by doubling by the runtime",
         attention=True,
     )
 )
@@ -114,6 +149,7 @@ register_kind(
         "hybridrt.models.shortconv:ShortConv",
         (StateDecl("conv", lambda c: (c.hidden_size, c.conv_kernel - 1)),),
         "LFM2's gated short causal conv",
+        params=ShortConvParams,
     )
 )
 register_kind(LayerKind("none", None, (), "no mixer: the layer is its feed-forward alone"))
@@ -142,6 +178,7 @@ register_kind(
             ("mixer/in_proj_a/*", "in_proj_a feeds softplus and exp (the decay); it is small (d x heads)"),
             ("mixer/in_proj_b/*", "in_proj_b feeds sigmoid (beta, the delta rule's step); it is small"),
         ),
+        params=GatedDeltaParams,
     )
 )
 
@@ -166,6 +203,19 @@ register_kind(
         prenorm=False,
     )
 )
+# OLMo 2/3 layers (OLMo Hybrid's attention layers): no norm before the mixer or the MLP, an
+# RMSNorm after each, before the residual add; q and k normed over all heads at once.
+register_kind(
+    LayerKind(
+        "post_norm_attention",
+        "hybridrt.models.post_norm:PostNormAttention",
+        (KEY, VALUE),
+        "OLMo's attention: q/k RMSNorm over all heads, optional RoPE, RMSNorm on the output (post-norm)",
+        attention=True,
+        prenorm=False,
+    )
+)
+register_ffn("post_norm_mlp", "hybridrt.models.post_norm:PostNormMLP")
 # Nemotron-H's MLP layer: down(relu(up(x))^2), no gate.
 register_ffn("relu2_mlp", "hybridrt.models.relu2_mlp:Relu2MLP")
 # Nemotron-H's MoE layer: sigmoid group-limited router, squared-ReLU experts, shared expert.

@@ -11,6 +11,10 @@ session-optimized graph, a Scan's body counted once). Peers where installed: PyT
 onnxruntime-genai (llama only; `pip install onnxruntime-genai`) and llama.cpp through
 llama-cpp-python (GGUF from its converter; see ../shared/bench/README.md); a peer that is
 not installed is listed as such. Figures go to OUT/bench.json, OUT/bench.md and OUT/bench.png.
+`--llama-bench PATH` measures the GGUF files with llama.cpp's own `llama-bench` binary instead
+(prefill as its pp test, decode as its tg test at a depth of 128 and of the long prompt);
+`--long N` sets the long prompt (1,900 by default; 2,048 for the realistic configs:
+`--configs ../shared/bench/configs --models granite-h-350m granite-h-1b --modes float int8-dynamic int4`).
 Run on a quiet machine: 2 threads everywhere (`--threads`). `--rounds N` then measures decode
 alone for hybridrt's int8 and int4 modes and the peers' files in turn, N rounds, and adds the
 medians to bench.md (alternated.json): the speed of this shared machine drifts over minutes,
@@ -44,7 +48,9 @@ QUANTIZE = {
     # and blocks without zero points: onnxruntime-genai's int4 layout (llama.cpp's q4_0 blocks too)
     "int4-sym-vocab4": ("int4", {"vocab_bits": 4, "symmetric": True}),
 }
-SHORT, LONG, NEW, BATCH = 128, 1900, 128, 8
+SHORT, NEW, BATCH = 128, 128, 8
+# The long prompt (--long; children read it from the environment the parent sets).
+LONG = int(os.environ.get("HYBRIDRT_BENCH_LONG", "1900"))
 
 
 def _prompt(vocab: int, n: int, rows: int = 1, seed: int = 0) -> list[list[int]]:
@@ -53,7 +59,7 @@ def _prompt(vocab: int, n: int, rows: int = 1, seed: int = 0) -> list[list[int]]
     return np.random.default_rng(seed).integers(3, vocab, (rows, n)).tolist()
 
 
-def prepare(config: Path, work: Path) -> dict[str, Path]:
+def prepare(config: Path, work: Path, modes: list[str] | tuple[str, ...] = MODES) -> dict[str, Path]:
     """Checkpoint, export and quantizations of one config (reused when present)."""
     name = config.stem
     ckpt = work / name / "hf"
@@ -64,7 +70,7 @@ def prepare(config: Path, work: Path) -> dict[str, Path]:
         import hybridrt
 
         hybridrt.export_model(ckpt, dirs["float"])
-    for mode in MODES[1:]:
+    for mode in [m for m in modes if m != "float"]:
         dirs[mode] = work / name / mode
         if not (dirs[mode] / "hybridrt.json").exists():
             from hybridrt.quantization import quantize
@@ -100,8 +106,8 @@ def measure_hybridrt(directory: str, threads: int) -> dict[str, Any]:
     out["decode_tok_s"] = statistics.median(r.decode_tokens_per_s for r in runs)
     out["prefill_128_ms"] = statistics.median(r.prefill_ms for r in runs)
     long = [model.generate_with_stats(_prompt(vocab, LONG, seed=s), **greedy)[1] for s in range(2)]
-    out["prefill_1900_ms"] = statistics.median(r.prefill_ms for r in long)
-    out["decode_1900_tok_s"] = statistics.median(r.decode_tokens_per_s for r in long)
+    out[f"prefill_{LONG}_ms"] = statistics.median(r.prefill_ms for r in long)
+    out[f"decode_{LONG}_tok_s"] = statistics.median(r.decode_tokens_per_s for r in long)
     batch = model.generate_with_stats(_prompt(vocab, SHORT, BATCH), **greedy)[1]
     out["batch8_tok_s"] = batch.decode_tokens_per_s
     out["peak_rss_mb"] = _peak_rss_mb()
@@ -176,7 +182,7 @@ def measure_llama_cpp(gguf: str, threads: int) -> dict[str, Any]:
     llm = llama_cpp.Llama(gguf, n_ctx=SHORT + NEW + LONG, n_threads=threads, n_batch=512, verbose=False)
     vocab = llm.n_vocab()
     out: dict[str, Any] = {}
-    for label, n in (("128", SHORT), ("1900", LONG)):
+    for label, n in (("128", SHORT), (str(LONG), LONG)):
         llm.reset()
         ids = _prompt(vocab, n)[0]
         t0 = time.perf_counter()
@@ -187,9 +193,42 @@ def measure_llama_cpp(gguf: str, threads: int) -> dict[str, Any]:
             logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(vocab,))
             llm.eval([int(logits.argmax())])
         rate = NEW / (time.perf_counter() - t0)
-        out["decode_tok_s" if label == "128" else "decode_1900_tok_s"] = rate
+        out["decode_tok_s" if label == "128" else f"decode_{LONG}_tok_s"] = rate
     out["peak_rss_mb"] = _peak_rss_mb()
     return out
+
+
+def _llama_bench(gguf: str, threads: int, *tests: list[str]) -> list[dict[str, Any]]:
+    """llama.cpp's own benchmark (`llama-bench`, HYBRIDRT_LLAMA_BENCH names the binary), 3
+    repetitions after its warm-up, one run per test; its JSON entries."""
+    binary = os.environ["HYBRIDRT_LLAMA_BENCH"]
+    env = os.environ | {"LD_LIBRARY_PATH": str(Path(binary).parent)}
+    entries = []
+    for test in tests:
+        cmd = [binary, "-m", gguf, "-t", str(threads), "-r", "3", "-o", "json", *test]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+        entries += json.loads(done.stdout)
+    return entries
+
+
+def measure_llama_bench(gguf: str, threads: int) -> dict[str, Any]:
+    """Runs in a child process: the workload's figures from llama-bench: prefill of SHORT and
+    LONG tokens (pp), decode of NEW tokens after SHORT and after LONG tokens (tg at depth)."""
+    tests = [["-p", f"{SHORT},{LONG}", "-n", "0"], ["-p", "0", "-n", str(NEW), "-d", f"{SHORT},{LONG}"]]
+    out: dict[str, Any] = {}
+    for e in _llama_bench(gguf, threads, *tests):
+        if e["n_gen"] == 0:
+            out[f"prefill_{e['n_prompt']}_ms"] = e["avg_ns"] / 1e6
+        else:
+            out["decode_tok_s" if e["n_depth"] == SHORT else f"decode_{LONG}_tok_s"] = e["avg_ts"]
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return out
+
+
+def measure_llama_bench_decode(gguf: str, threads: int) -> dict[str, Any]:
+    """Runs in a child process: llama-bench's decode of NEW tokens after SHORT, as measure_hybridrt_decode."""
+    (entry,) = _llama_bench(gguf, threads, ["-p", "0", "-n", str(NEW), "-d", str(SHORT)])
+    return {"decode_tok_s": entry["avg_ts"]}
 
 
 # The decode-only measurements first run one whole generation (prompt and NEW tokens) that
@@ -341,7 +380,7 @@ def gguf_weight_bytes(path: str) -> int:
 
 def weight_bytes(kind: str, path: str) -> int | None:
     """Weight bytes per decode step of an entry of the alternated rounds (None: unknown kind)."""
-    if kind == "llama_cpp":
+    if kind in ("llama_cpp", "llama_bench"):
         return gguf_weight_bytes(path)
     if kind == "genai":
         return onnx_weight_bytes(os.path.join(path, "model.onnx"))
@@ -412,9 +451,9 @@ def installed(module: str) -> bool:
 def table(rows: list[dict[str, Any]]) -> str:
     cols = [
         ("decode_tok_s", "decode tok/s"),
-        ("decode_1900_tok_s", "decode @1900"),
+        (f"decode_{LONG}_tok_s", f"decode @{LONG}"),
         ("prefill_128_ms", "prefill 128 ms"),
-        ("prefill_1900_ms", "prefill 1900 ms"),
+        (f"prefill_{LONG}_ms", f"prefill {LONG} ms"),
         ("batch8_tok_s", "batch 8 tok/s"),
         ("peak_rss_mb", "peak RSS MB"),
         ("decode_nodes", "nodes/step"),
@@ -441,9 +480,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.bar(range(len(ok)), [r["decode_tok_s"] for r in ok], label="128-token context")
     ax.bar(
         range(len(ok)),
-        [r.get("decode_1900_tok_s", 0) for r in ok],
+        [r.get(f"decode_{LONG}_tok_s", 0) for r in ok],
         width=0.4,
-        label="1,900-token context",
+        label=f"{LONG:,}-token context",
         alpha=0.8,
     )
     ax.set_xticks(range(len(ok)), labels, rotation=70, fontsize=7)
@@ -454,6 +493,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> None:
+    global LONG
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", type=Path, default=Path("../shared/bench/configs"))
     ap.add_argument("--models", nargs="*", default=["jamba-125m", "granite-h-125m", "llama-125m"])
@@ -462,6 +502,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--modes", nargs="*", default=list(MODES))
     ap.add_argument("--gguf", nargs="*", default=[], help="NAME=PATH.gguf for llama.cpp (q8_0, q4_0 files)")
+    ap.add_argument(
+        "--llama-bench",
+        type=Path,
+        help="llama.cpp's llama-bench binary: measure the GGUF files with it instead of llama-cpp-python",
+    )
+    ap.add_argument("--long", type=int, default=LONG, help="tokens of the long prompt (prefill, decode after it)")
     ap.add_argument("--genai", nargs="*", default=[], help="NAME=DIR of onnxruntime-genai exports")
     ap.add_argument("--no-torch", action="store_true", help="skip PyTorch eager")
     ap.add_argument(
@@ -473,6 +519,11 @@ def main() -> None:
     ap.add_argument("--skip-table", action="store_true", help="only the alternated rounds (reads OUT/bench.json)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    LONG = args.long
+    os.environ["HYBRIDRT_BENCH_LONG"] = str(args.long)
+    if args.llama_bench:
+        os.environ["HYBRIDRT_LLAMA_BENCH"] = str(args.llama_bench.resolve())
+    gguf_kind = "llama_bench" if args.llama_bench else "llama_cpp"
     if args.skip_table:
         rows = json.loads((args.out / "bench.json").read_text())
     else:
@@ -480,12 +531,12 @@ def main() -> None:
     if args.rounds:
         entries = []
         for name in args.models:
-            for mode in ("int8-dynamic", "int8-weight", "int4", "int4-sym-vocab4"):
+            for mode in [m for m in ("int8-dynamic", "int8-weight", "int4", "int4-sym-vocab4") if m in args.modes]:
                 entries.append((name, "hybridrt", mode, f"hybridrt:{args.work / name / mode}"))
             for spec in args.gguf:
                 label, path = spec.split("=", 1)
                 if label.startswith(f"{name}:"):
-                    entries.append((name, "llama.cpp", label.split(":", 1)[1], f"llama_cpp:{path}"))
+                    entries.append((name, "llama.cpp", label.split(":", 1)[1], f"{gguf_kind}:{path}"))
             for spec in args.genai:
                 label, path = spec.split("=", 1)
                 if label.startswith(f"{name}:") and installed("onnxruntime_genai"):
@@ -500,7 +551,7 @@ def main() -> None:
 def run_table(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for name in args.models:
-        dirs = prepare(args.configs / f"{name}.json", args.work)
+        dirs = prepare(args.configs / f"{name}.json", args.work, args.modes)
         for mode in args.modes:
             r = child("hybridrt", str(dirs[mode]), args.threads)
             rows.append({"model": name, "runtime": "hybridrt", "mode": mode} | r)
@@ -520,7 +571,12 @@ def run_table(args: argparse.Namespace) -> list[dict[str, Any]]:
             label, path = spec.split("=", 1)
             model, mode = label.rsplit(":", 1) if ":" in label else (label, Path(path).stem)
             kind = "llama_cpp" if module == "llama_cpp" else "genai"
-            r = child(kind, path, args.threads) if installed(module) else {"error": f"{package} not installed"}
+            if kind == "llama_cpp" and args.llama_bench:
+                r = child("llama_bench", path, args.threads)
+            elif installed(module):
+                r = child(kind, path, args.threads)
+            else:
+                r = {"error": f"{package} not installed"}
             rows.append({"model": model, "runtime": runtime, "mode": mode} | r)
             print(json.dumps(rows[-1]), flush=True)
     (args.out / "bench.json").write_text(json.dumps(rows, indent=2))

@@ -21,27 +21,18 @@ from typing import Any
 
 import numpy as np
 
+import hybridrt
+
 
 def profiled(directory: str, threads: int, work: Path) -> tuple[Any, Path]:
     """A Model whose session profiles every run and saves its optimized graph to `work`."""
     import onnxruntime as ort
 
-    from hybridrt.runtime import loader
-
-    original = ort.SessionOptions
-
-    def options() -> Any:
-        opts = original()
-        opts.enable_profiling = True
-        opts.profile_file_prefix = str(work / "profile")
-        opts.optimized_model_filepath = str(work / "optimized.onnx")
-        return opts
-
-    ort.SessionOptions = options  # type: ignore[misc]
-    try:
-        model = loader.load(directory, "cpu", threads=threads, verify=False)
-    finally:
-        ort.SessionOptions = original  # type: ignore[misc]
+    opts = ort.SessionOptions()
+    opts.enable_profiling = True
+    opts.profile_file_prefix = str(work / "profile")
+    opts.optimized_model_filepath = str(work / "optimized.onnx")
+    model = hybridrt.load(directory, "cpu", threads=threads, verify=False, session_options=opts)
     return model, work / "optimized.onnx"
 
 

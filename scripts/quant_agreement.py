@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hybridrt.runtime.evaluate import log_softmax
+
 GROUPS = {
     "default": (),
     "mixer in_proj float": ("*/mixer/in_proj/*",),
@@ -28,11 +30,6 @@ GROUPS = {
     "ffn gate/up float": ("*/ffn/gate_proj/*", "*/ffn/up_proj/*"),
     "vocabulary float": ("/lm_head/*", "/model/embed_tokens/*"),
 }
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
 def main() -> None:
@@ -51,7 +48,7 @@ def main() -> None:
     prompts = rng.integers(3, parent.manifest.vocab_size, (args.prompts, 64)).tolist()
     greedy = {"max_new_tokens": args.tokens, "min_new_tokens": args.tokens, "do_sample": False, "eos_token_id": []}
     ref = np.asarray(parent.generate(prompts, **greedy))
-    ref_logits = np.stack([parent._new_stepper(1, 64).forward(np.asarray([p]))[0] for p in prompts])
+    ref_logits = np.stack([parent.stepper(1, 64).forward(np.asarray([p]))[0] for p in prompts])
     rows = []
     for label, exclude in GROUPS.items():
         slug = "-".join(label.replace("/", " ").split())
@@ -60,7 +57,7 @@ def main() -> None:
             quantize(args.model, out, args.mode, exclude=exclude, keep_float_default=True)
         q = hybridrt.load(out)
         toks = np.asarray(q.generate(prompts, **greedy))
-        logits = np.stack([q._new_stepper(1, 64).forward(np.asarray([p]))[0] for p in prompts])
+        logits = np.stack([q.stepper(1, 64).forward(np.asarray([p]))[0] for p in prompts])
         lp, lq = log_softmax(ref_logits.astype(np.float64)), log_softmax(logits.astype(np.float64))
         kl = float((np.exp(lp) * (lp - lq)).sum(-1).mean())
         row = {

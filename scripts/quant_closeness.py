@@ -30,13 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from hybridrt.runtime.evaluate import log_softmax
+
 MODES = ("int8-dynamic", "int8-weight", "int4")
 PROMPT, NEW, PROMPTS = 64, 32, 6
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
 def margins(logits: np.ndarray) -> np.ndarray:
@@ -67,7 +64,7 @@ def run_onnx(directory: Path, prompts: list[list[int]], ref: np.ndarray | None) 
     forced = own if ref is None else ref
     logits = []
     for p, cont in zip(prompts, forced):
-        stepper = model._new_stepper(1, PROMPT + NEW)
+        stepper = model.stepper(1, PROMPT + NEW)
         seq = np.asarray([p + cont.tolist()[:-1]], dtype=np.int64)
         logits.append(stepper.forward(seq, all_logits=True)[0, PROMPT - 1 :])
     return own, np.stack(logits)

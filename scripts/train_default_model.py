@@ -33,7 +33,6 @@ import json
 import math
 import sys
 import time
-import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,13 +44,12 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import hybridrt
+from hybridrt.config import HybridConfig
 from hybridrt.graphs.files import atomic_directory
 from hybridrt.models.checkpoint import load_model
-from hybridrt.models.config import HybridConfig
 from hybridrt.models.families.jamba import FAMILY, translate
 from hybridrt.models.mamba import MambaMixer
 from hybridrt.models.model import HybridForCausalLM
-from hybridrt.models.ops import causal_conv
 from hybridrt.models.state import zero_states
 
 DEFAULT_OUT = Path(hybridrt.__file__).resolve().parent / "data" / "default-model"
@@ -222,47 +220,18 @@ def init_weights(model: HybridForCausalLM, cfg: HybridConfig, std: float) -> Non
             p.normal_(0.0, std)
 
 
-def fast_mamba_forward(
-    self: MambaMixer, x: torch.Tensor, ctx: object, conv_state: torch.Tensor, ssm_state: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """MambaMixer.forward for unpadded sequences, with h stepped over time.
-
-    The reference scan (hybridrt.models.scan) is shaped for export: it materializes several
-    [b, l, d_inner, n] tensors per doubling step, and its backward is ~10x slower than stepping
-    h [b, d_inner, n]. The decays and inputs of every step are computed at once, so each step is
-    one fused multiply-add (forward) and a few (backward): on a GPU the loop is bound by kernel
-    launches, not arithmetic. Same parameters, same math; `check_fast_scan` compares the two
-    before training.
-    """
-    xs, z = self.in_proj(x).chunk(2, dim=-1)  # [b, l, d_inner] each
-    xs, conv_state = causal_conv(xs.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias)
-    xs = F.silu(xs).transpose(1, 2)
-    dt, B, C = torch.split(self.x_proj(xs), [self.r, self.n, self.n], dim=-1)
-    if self.inner_norms:
-        dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)
-    dt = F.softplus(self.dt_proj(dt))  # [b, l, d_inner]
-    A = -torch.exp(self.A_log.float())  # [d_inner, n]
-    decay = torch.exp(dt.unsqueeze(-1) * A)  # [b, l, d_inner, n]
-    inputs = (dt * xs).unsqueeze(-1) * B.unsqueeze(2)  # [b, l, d_inner, n]
-    h, hs = ssm_state, []
-    for decay_t, input_t in zip(decay.unbind(1), inputs.unbind(1), strict=True):  # unbind: one stack backward
-        h = torch.addcmul(input_t, decay_t, h)
-        hs.append(h)
-    y = torch.einsum("bldn,bln->bld", torch.stack(hs, dim=1), C)
-    y = (y + xs * self.D) * F.silu(z)
-    return self.out_proj(y), conv_state, h
-
-
 @contextlib.contextmanager
-def fast_scan(model: HybridForCausalLM) -> Iterator[None]:
+def stepped_scan(model: HybridForCausalLM) -> Iterator[None]:
+    """Every Mamba mixer steps its state over time (MambaMixer.stepped_scan) inside the block:
+    the reference chunked scan is shaped for export and its backward is ~10x slower."""
     mixers = [m for m in model.modules() if isinstance(m, MambaMixer)]
     for m in mixers:
-        m.forward = types.MethodType(fast_mamba_forward, m)  # type: ignore[method-assign]
+        m.stepped_scan = True
     try:
         yield
     finally:
         for m in mixers:
-            del m.forward
+            m.stepped_scan = False
 
 
 def logits_of(model: HybridForCausalLM, ids: torch.Tensor) -> torch.Tensor:
@@ -273,11 +242,11 @@ def logits_of(model: HybridForCausalLM, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def check_fast_scan(model: HybridForCausalLM, ids: torch.Tensor) -> float:
+def check_stepped_scan(model: HybridForCausalLM, ids: torch.Tensor) -> float:
     ref = logits_of(model, ids)
-    with fast_scan(model):
-        fast = logits_of(model, ids)
-    diff = (ref - fast).abs().max().item()
+    with stepped_scan(model):
+        stepped = logits_of(model, ids)
+    diff = (ref - stepped).abs().max().item()
     if diff > 1e-3:
         raise SystemExit(f"training scan disagrees with the reference model: max |logit diff| {diff:.2e}")
     return diff
@@ -347,7 +316,7 @@ def train(model: HybridForCausalLM, train_wins: torch.Tensor, eval_wins: torch.T
     order = batches(len(train_wins), tc.batch, tc.seed)
     budget = tc.minutes * 60
     rows, recent, step, t0 = [], [], 0, time.time()
-    with open(log_dir / "train.csv", "w", newline="") as f, fast_scan(model):
+    with open(log_dir / "train.csv", "w", newline="") as f, stepped_scan(model):
         out = csv.writer(f)
         out.writerow(["step", "tokens", "elapsed_s", "lr", "train_loss", "heldout_loss"])
         while True:
@@ -602,7 +571,7 @@ def main() -> None:
     held_wins = {name: windows(s, tc.seq_len).to(device) for name, s in held.items()}
     stdlib_wins = held_wins["heldout-stdlib"]
     pick = torch.linspace(0, len(stdlib_wins) - 1, tc.eval_windows).long()
-    scan_diff = check_fast_scan(model, stdlib_wins[:2, :64])
+    scan_diff = check_stepped_scan(model, stdlib_wins[:2, :64])
     print(f"{n_params:,} parameters; layers {cfg.layer_types}; training scan matches ({scan_diff:.1e})", flush=True)
 
     info = train(model, windows(train_stream, tc.seq_len).to(device), stdlib_wins[pick], tc)
@@ -612,14 +581,14 @@ def main() -> None:
         written, _ = load_model(tmp)
         written.to(device)
         t_eval = time.time()
-        with fast_scan(written):
+        with stepped_scan(written):
             for name in held_sets:
                 n_bytes = sum(len(d.encode()) for d in docs[name])
                 info[name] = heldout_figures(written, held[name].to(device), n_bytes, tc)
         print(f"held-out evaluation: {time.time() - t_eval:.0f}s {info}", flush=True)
         written.cpu()
         probe = held["heldout-stdlib"][:128].unsqueeze(0)
-        check_fast_scan(written, probe)
+        check_stepped_scan(written, probe)
         hf_diff = transformers_parity(tmp, written, probe)
 
         info |= {

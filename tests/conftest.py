@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from checkpoints import make_jamba, make_llama
+import toy_kind
+from checkpoints import TEXT, make_jamba, make_llama
 from family_checkpoints import SHARED_FAMILIES, family_checkpoint
 from fuzzing import TALLY
 
@@ -18,6 +20,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"fuzz: {total} cases, {TALLY['worked']} worked, {TALLY['typed error']} typed errors, "
             f"{TALLY['failure']} failures"
         )
+
+
+@pytest.fixture(scope="session")
+def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A text file of the tests' source code: calibration and held-out text (tests/checkpoints.TEXT)."""
+    path = tmp_path_factory.mktemp("text") / "code.txt"
+    path.write_text(TEXT * 8, encoding="utf-8")
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -123,3 +133,19 @@ def exported(
         hybridrt.export_model(ckpt, out)
         family_onnx[family] = out
     return family_onnx[family]
+
+
+@pytest.fixture
+def toy_registered() -> Iterator[None]:
+    """tests/toy_kind.py's layer kind "ema" (one state, an exponential moving average) and its
+    family, registered as a third party would, and unregistered afterwards."""
+    from hybridrt.kinds import LAYER_KINDS, LayerKind, register_kind
+    from hybridrt.models.registry import FAMILIES, Family, register
+
+    register_kind(LayerKind("ema", "toy_kind:EmaMixer", (toy_kind.EMA_STATE,), "toy moving average"))
+    register(Family("toy_ema", toy_kind.translate))
+    try:
+        yield
+    finally:
+        LAYER_KINDS.pop("ema")
+        FAMILIES.pop("toy_ema")

@@ -464,6 +464,32 @@ def make_qwen3_5_moe_vl(directory: Path, seed: int = 0, **overrides: object) -> 
     return _qwen3_5_vl(directory, seed, Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration, text, overrides)
 
 
+def make_olmo_hybrid(directory: Path, seed: int = 0, **overrides: object) -> Path:
+    """OLMo Hybrid: Gated DeltaNet layers (2 heads, split q/k/v/g/a/b projections, beta in
+    [0, 2]) and OLMo 3 post-norm attention layers (GQA, q/k norms over all heads, RoPE)."""
+    from transformers import OlmoHybridConfig, OlmoHybridForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = COMMON | dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=12,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=512,
+        initializer_range=0.1,  # as Qwen3-Next's: far from the chunked rule's rounding
+    )
+    kwargs.update(overrides)
+    return _save(OlmoHybridForCausalLM(OlmoHybridConfig(**kwargs)), directory)
+
+
 BUILDERS = {
     "jamba": make_jamba,
     "llama": make_llama,
@@ -483,6 +509,7 @@ BUILDERS = {
     "qwen3_5_moe_vl": make_qwen3_5_moe_vl,
     "nemotron_h": make_nemotron_h,
     "zamba2": make_zamba2,
+    "olmo_hybrid": make_olmo_hybrid,
 }
 
 # Jamba's and Llama's checkpoints and exports are conftest's session fixtures (`jamba_dir`,

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 import torch
 from family_checkpoints import BUILDERS
+from test_state_batch import stepper_of
 
 import hybridrt
+from hybridrt.runtime.bound import BoundStepper
 from hybridrt.runtime.decode import prefill
-from hybridrt.runtime.state import BoundStepper, PlainStepper, Stepper
 
 BEAMS = {"num_beams": 3, "max_new_tokens": 6}
 
@@ -139,17 +140,6 @@ def test_steppers_give_the_same_beams(onnx_dir: Path) -> None:
     assert hybridrt.load(onnx_dir, io_binding=False).generate([_prompt(5), _prompt(2)], **kwargs) == bound
 
 
-def _stepper(model: Any, kind: str, batch: int, capacity: int) -> Stepper:
-    args = (model.inference_session, model.manifest, batch, capacity)
-    if kind == "plain":
-        return PlainStepper(*args)
-    stepper = BoundStepper(*args, model.device)
-    # "device": the path of a non-CPU device (a Gather session into spare buffers), which runs on
-    # the CPU as well when the stepper does not treat its buffers as host arrays.
-    stepper.on_host = kind == "host"
-    return stepper
-
-
 def _no_host_copy() -> None:
     raise AssertionError("reorder copied the states to the host")
 
@@ -160,7 +150,7 @@ def test_reorder_continues_the_source_rows(onnx_dir: Path, kind: str) -> None:
     several steps, across a KV regrowth (capacity 6) and a second reorder."""
     model = hybridrt.load(onnx_dir)
     prompts = [_prompt(n) for n in (3, 6, 4)]
-    moved, kept = _stepper(model, kind, 3, 6), _stepper(model, kind, 3, 6)
+    moved, kept = stepper_of(model, kind, 3, 6), stepper_of(model, kind, 3, 6)
     first = prefill(moved, prompts)
     assert np.array_equal(prefill(kept, prompts), first)
     index = np.array([2, 0, 0], dtype=np.int64)

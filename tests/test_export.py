@@ -14,7 +14,7 @@ import hybridrt
 from hybridrt.export.onnx_export import check_graph
 from hybridrt.export.trace import GraphModule, dynamic_shapes, example_inputs, feeds
 from hybridrt.export.validate import measure_parity, ort_runner, torch_runner
-from hybridrt.graphs.contract import input_specs, output_specs, past_specs
+from hybridrt.graphs.contract import GraphContract
 from hybridrt.graphs.manifest import read_manifest
 from hybridrt.models.checkpoint import load_model
 from hybridrt.models.state import zero_states
@@ -30,16 +30,17 @@ def _compare(model, run, length: int, past: int = 0) -> float:  # type: ignore[n
     cfg = model.config
     ids = torch.randint(0, cfg.vocab_size, (2, length), generator=g)
     pasts = torch.tensor([past, past + 4]) if past else torch.zeros(2, dtype=torch.long)
-    states = zero_states(cfg, 2, int(pasts.max()) + length + 3)
+    contract = GraphContract.of(cfg)
+    states = zero_states(contract, 2, int(pasts.max()) + length + 3)
     if past:
         states = [s.normal_(generator=g) * 0.5 for s in states]
-    args = feeds(model, ids, pasts, states)
+    args = feeds(contract, ids, pasts, states)
     with torch.no_grad():
-        logits, *ref_states = GraphModule(model)(*args)
+        logits, *ref_states = GraphModule(model, contract)(*args)
     out = run(args)
     errs = [np.abs(out[0] - logits.numpy()).max()]
     ends = (pasts + length).numpy()
-    for spec, o, r in zip(past_specs(cfg), out[1:], ref_states):
+    for spec, o, r in zip(contract.pasts, out[1:], ref_states):
         d = np.abs(o - r.numpy())
         if spec.is_kv:
             d = d * (np.arange(d.shape[2])[None, :] < ends[:, None])[:, None, :, None]
@@ -85,6 +86,17 @@ def test_node_names_are_hierarchical(jamba_onnx: Path) -> None:
     assert "/model/layers.0/mixer/in_proj/MatMul" in names
     assert any(n.startswith("/model/layers.1/mixer/") for n in names)
     assert any(n.startswith("/lm_head/") for n in names)
+
+
+@pytest.mark.parametrize("fixture", ["llama_onnx", "jamba_onnx"])
+def test_every_node_feeds_an_output(fixture: str, request: pytest.FixtureRequest) -> None:
+    """No node runs for nothing: llama's outer graph once computed rotary tables that no layer
+    reads (its attention rotates inside the operator), at every call."""
+    graph = onnx.load(str(request.getfixturevalue(fixture) / "model.onnx"), load_external_data=False).graph
+    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    read |= {i for n in graph.node for a in n.attribute if a.type == a.GRAPH for m in a.g.node for i in m.input}
+    assert [n.name for n in graph.node if not set(n.output) & read] == []
+    assert {t.name for t in graph.initializer} <= read
 
 
 def test_each_causal_conv_is_one_fused_node(jamba_onnx: Path) -> None:
@@ -134,7 +146,7 @@ def test_node_count_does_not_depend_on_trace_length(jamba_dir: Path, tmp_path: P
     counts = []
     for seq in (5, 37):
         with torch.no_grad():
-            program = export_program(module, example_inputs(model, seq), dynamic_shapes(model))
+            program = export_program(module, example_inputs(module, seq), dynamic_shapes(module.contract))
             graph, _ = to_onnx(program, module, tmp_path / f"m{seq}.onnx")
         counts.append(len(graph.graph.node))
     assert counts[0] == counts[1]
@@ -155,11 +167,14 @@ def test_torch_graph_matches_reference(jamba_dir: Path, tmp_path: Path, fmt: str
 
 def test_contract_lists_states_per_layer_kind(jamba_dir: Path) -> None:
     model, _ = load_model(jamba_dir)
-    names = [s.name for s in input_specs(model.config)]
+    contract = GraphContract.of(model.config)
+    names = contract.input_names
     assert names[:3] == ["input_ids", "past_lengths", "logit_positions"]
     assert names[3:7] == ["past.0.conv", "past.0.ssm", "past.1.key", "past.1.value"]
-    outs = [s.name for s in output_specs(model.config)]
+    outs = contract.output_names
     assert outs[0] == "logits" and outs[1] == "present.0.conv"
+    assert [s.name for s in contract.layer_pasts(1)] == ["past.1.key", "past.1.value"]
+    assert [s.name for s in contract.head_inputs] == names[:3] and contract.takes_lengths
 
 
 def test_full_parity_measurement_fails_a_wrong_graph(jamba_dir: Path) -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from checkpoints import TEXT
 from family_checkpoints import BUILDERS, SHARED_FAMILIES, family_checkpoint
 
 import hybridrt
@@ -32,13 +31,6 @@ GREEDY = {"max_new_tokens": 32, "min_new_tokens": 32}
 @pytest.fixture(scope="session", params=FAMILIES)
 def family(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("text") / "code.txt"
-    path.write_text(TEXT * 8, encoding="utf-8")
-    return path
 
 
 def _forward(model, ids, past, states):  # type: ignore[no-untyped-def]
@@ -254,6 +246,10 @@ def test_granite_released_layer_spelling(family_dirs: dict[str, Path], tmp_path_
         ("zamba2", "layers_block_type", ["mamba", "hybrid", "attention", "mamba", "hybrid"]),
         ("zamba2", "hidden_act", "gelu_pytorch_tanh"),
         ("zamba2", "num_key_value_heads", 2),
+        ("olmo_hybrid", "hidden_act", "gelu"),
+        ("olmo_hybrid", "layer_types", ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]),
+        ("olmo_hybrid", "linear_num_value_heads", 4),
+        ("olmo_hybrid", "rope_parameters", {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0}),
     ],
 )
 def test_unsupported_variant_is_refused_by_field(  # type: ignore[no-untyped-def]

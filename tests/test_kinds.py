@@ -4,7 +4,6 @@ follows. Proven with a toy kind and family that live in the tests, not in the pa
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,19 +13,7 @@ import toy_kind
 import hybridrt
 from hybridrt.config import HybridConfig
 from hybridrt.graphs.contract import input_specs, output_specs, past_specs
-from hybridrt.kinds import CAPACITY, FFN_KINDS, KEY, LAYER_KINDS, LayerKind, layer_kind, register_kind
-from hybridrt.models.registry import FAMILIES, Family, register
-
-
-@pytest.fixture
-def toy_registered() -> Iterator[None]:
-    register_kind(LayerKind("ema", "toy_kind:EmaMixer", (toy_kind.EMA_STATE,), "toy moving average"))
-    register(Family("toy_ema", toy_kind.translate))
-    try:
-        yield
-    finally:
-        LAYER_KINDS.pop("ema")
-        FAMILIES.pop("toy_ema")
+from hybridrt.kinds import CAPACITY, FFN_KINDS, KEY, LAYER_KINDS, layer_kind
 
 
 def test_every_kind_declares_a_module_or_none_and_its_states() -> None:

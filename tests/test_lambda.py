@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 import hybridrt
 from hybridrt.runtime.model import Model
 from hybridrt.serve import aws_lambda
-from hybridrt.serve.chat import ChatTemplate
+from hybridrt.serve.chat import ChatTemplate, PlainDefaultTemplate, chat_template
 
 KEY = "lambda-key"
 
@@ -105,9 +106,36 @@ def test_chat(model: Model) -> None:
     assert out["usage"]["prompt_tokens"] == len(model.prompt_rows(prompt).rows[0])
 
 
+def test_echo_and_logprobs_are_the_servers(model: Model) -> None:
+    """The handler's logprobs (one more pass after generating) are the raw-logit ones that
+    `hybridrt serve` returns: the prompt's those of hybridrt eval, the first null."""
+    from hybridrt.runtime.evaluate import ort_logits_fn, token_nll
+
+    ids = model.prompt_rows("def fibonacci(n):\n").rows[0]
+    body = {"model": "tiny", "prompt": "def fibonacci(n):\n", "echo": True, "logprobs": 2, "temperature": 0}
+    status, out = call(event("POST", "/v1/completions", body | {"max_tokens": 0}))
+    assert status == 200, out
+    [choice] = out["choices"]
+    assert choice["text"] == "def fibonacci(n):\n" and out["usage"]["completion_tokens"] == 0
+    assert choice["logprobs"]["token_logprobs"][0] is None
+    want = -token_nll(ort_logits_fn(model), ids, len(ids), len(ids), lambda n: None)
+    assert max(abs(a - b) for a, b in zip(choice["logprobs"]["token_logprobs"][1:], want)) < 1e-4
+    status, out = call(event("POST", "/v1/completions", body | {"max_tokens": 4, "repetition_penalty": 1.0}))
+    lp = out["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(ids) + out["usage"]["completion_tokens"]
+    assert all(
+        top[tok] == max(top.values()) for tok, top in zip(lp["tokens"][len(ids) :], lp["top_logprobs"][len(ids) :])
+    )
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
+    status, out = call(event("POST", "/v1/chat/completions", chat | {"logprobs": True, "top_logprobs": 1}))
+    content = out["choices"][0]["logprobs"]["content"]
+    assert status == 200 and len(content) == out["usage"]["completion_tokens"]
+    assert all(len(t["top_logprobs"]) == 1 and isinstance(t["bytes"], list) for t in content)
+
+
 def test_plain_default_template_equals_jinja() -> None:
     template = ChatTemplate.for_model(Path("/nonexistent"))
-    plain = aws_lambda.PlainDefaultTemplate()
+    plain = PlainDefaultTemplate()
     for messages in (
         [{"role": "user", "content": "hi"}],
         [{"role": "system", "content": "{{ x }} {% if %}"}, {"role": "user", "content": "a\n\nb "}],
@@ -135,6 +163,94 @@ def test_stream_is_one_buffered_event_stream(model: Model) -> None:
     assert chunks[1]["object"] == "chat.completion.chunk" and chunks[1]["choices"][0]["finish_reason"] is not None
 
 
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+
+
+def test_response_format_is_decoded_under_its_grammar() -> None:
+    """json_schema (greedy and sampled, n=2) and json_object, on chat and completions: the text
+    is JSON valid against the schema, as `hybridrt serve` gives it."""
+    pytest.importorskip("llguidance")
+    jsonschema = pytest.importorskip("jsonschema")
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    for temperature in (0, 1.0):
+        body = CHAT | {"max_tokens": 120, "temperature": temperature, "seed": 2, "n": 2, "response_format": fmt}
+        status, out = call(event("POST", "/v1/chat/completions", body))
+        assert status == 200, out
+        for choice in out["choices"]:
+            assert choice["finish_reason"] == "stop"
+            jsonschema.validate(json.loads(choice["message"]["content"]), PERSON)
+    body = GOOD | {"max_tokens": 120, "temperature": 0, "response_format": fmt}
+    status, out = call(event("POST", "/v1/completions", body))
+    assert status == 200 and out["choices"][0]["finish_reason"] == "stop", out
+    jsonschema.validate(json.loads(out["choices"][0]["text"]), PERSON)
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
+    status, out = call(event("POST", "/v1/completions", GOOD | {"response_format": fmt}))
+    assert status == 400 and "response_format" in out["error"]["message"], out
+
+
+def test_forced_tool_calls_are_the_servers(default_onnx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A named tool_choice and "required" without parallel calls: exactly one call of an
+    allowed function with valid arguments, finish_reason tool_calls; greedy, the same call as
+    `hybridrt serve` makes; streamed, a first delta with the name and empty arguments, then
+    the arguments, which join into the non-streamed ones. (The default model: the tool prompt
+    does not fit the tiny model's 512 positions.)"""
+    pytest.importorskip("llguidance")
+    jsonschema = pytest.importorskip("jsonschema")
+    import httpx
+    from serving import running as serving
+
+    monkeypatch.setenv("HYBRIDRT_MODEL", str(default_onnx))
+
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    body = CHAT | {"max_tokens": 120, "temperature": 0, "tools": [WEATHER, TIME], "tool_choice": named}
+    status, out = call(event("POST", "/v1/chat/completions", body))
+    assert status == 200, out
+    [choice] = out["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [made] = choice["message"]["tool_calls"]
+    assert made["type"] == "function" and made["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(made["function"]["arguments"]), WEATHER["function"]["parameters"])
+    with serving(hybridrt.load(default_onnx), api_key=None, model_name="tiny") as server:
+        r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["tool_calls"][0]["function"] == made["function"]
+    out = aws_lambda.handler(event("POST", "/v1/chat/completions", body | {"stream": True}))
+    chunks = [json.loads(e.removeprefix("data: ")) for e in out["body"].split("\n\n")[:-2]]
+    deltas = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert deltas[0]["id"].startswith("call_") and deltas[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert all(set(d) == {"index", "function"} for d in deltas[1:])
+    assert "".join(d["function"]["arguments"] for d in deltas) == made["function"]["arguments"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    body = body | {"tool_choice": "required", "parallel_tool_calls": False, "temperature": 1.0, "seed": 5}
+    status, out = call(event("POST", "/v1/chat/completions", body))
+    [choice] = out["choices"]
+    assert status == 200 and choice["finish_reason"] == "tool_calls", out
+    [made] = choice["message"]["tool_calls"]
+    assert made["function"]["name"] in ("get_weather", "get_time")
+    assert isinstance(json.loads(made["function"]["arguments"]), dict)
+
+
 def test_models_and_health(jamba_onnx: Path) -> None:
     status, out = call(event("GET", "/v1/models"))
     assert status == 200
@@ -154,6 +270,7 @@ def _error(status: int, out: Any, words: str) -> None:
 
 
 GOOD = {"model": "tiny", "prompt": "def", "max_tokens": 2}
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
 @pytest.mark.parametrize(
@@ -180,6 +297,9 @@ GOOD = {"model": "tiny", "prompt": "def", "max_tokens": 2}
         (event("POST", "/v1/completions", GOOD | {"max_tokens": -1}), 400, "max_tokens"),
         (event("POST", "/v1/completions", GOOD | {"bogus": 1}), 400, "unrecognized"),
         (event("POST", "/v1/completions", GOOD | {"presence_penalty": 0.5}), 400, "Lambda handler"),
+        (event("POST", "/v1/completions", GOOD | {"response_format": {"type": "xml"}}), 400, "response_format"),
+        (event("POST", "/v1/chat/completions", CHAT | {"tool_choice": "required"}), 400, "needs tools"),
+        (event("POST", "/v1/chat/completions", CHAT | {"tools": [{"type": "function"}]}), 400, "tools[0]"),
         (event("POST", "/v1/completions", "x" * (1 << 21)), 413, "exceeds"),
         (event("POST", "/v1/chat/completions", {"model": "tiny", "messages": []}), 400, "messages"),
         (event("GET", "/v2/nothing"), 404, "Not Found"),
@@ -243,7 +363,7 @@ def test_chat_template_without_jinja2(tmp_path: Path, jamba_onnx: Path, monkeypa
     import shutil
 
     monkeypatch.setitem(sys.modules, "jinja2", None)
-    assert isinstance(aws_lambda.chat_template(jamba_onnx), aws_lambda.PlainDefaultTemplate)
+    assert isinstance(chat_template(jamba_onnx), PlainDefaultTemplate)
     copy = tmp_path / "model"
     shutil.copytree(jamba_onnx, copy)
     config_path = copy / "tokenizer_config.json"
@@ -292,20 +412,17 @@ def test_lambda_runs_runtime_only(jamba_onnx: Path) -> None:
 
 
 def test_package_layout(jamba_onnx: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """scripts/package_lambda.py's layout, with the PyPI download replaced by nothing."""
-    import importlib.util
+    """`hybridrt package-lambda`'s layout, with the PyPI download replaced by nothing."""
     import zipfile
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "package_lambda.py"
-    spec = importlib.util.spec_from_file_location("package_lambda", path)
-    assert spec is not None and spec.loader is not None
-    pkg = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pkg)
+    from hybridrt.cli import main
+    from hybridrt.serve import lambda_package
+
     installed: list[str] = []
-    monkeypatch.setattr(pkg, "install_dependencies", lambda target, python: installed.append(python))
-    monkeypatch.setattr(pkg, "compile_bytecode", lambda build, python, exe: None)
+    monkeypatch.setattr(lambda_package, "install_dependencies", lambda target, python: installed.append(python))
+    monkeypatch.setattr(lambda_package, "compile_bytecode", lambda build, python, exe, say: None)
     out = tmp_path / "out"
-    assert pkg.main([str(jamba_onnx), "-o", str(out)]) == 0
+    assert main(["package-lambda", str(jamba_onnx), "-o", str(out)]) == 0
     assert installed == ["3.12"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the temporary directory was renamed
     names = set(zipfile.ZipFile(out / "lambda.zip").namelist())
@@ -320,5 +437,25 @@ def test_package_layout(jamba_onnx: Path, tmp_path: Path, monkeypatch: pytest.Mo
     assert sorted(p.name for p in (out / "model").iterdir()) == sorted(p.name for p in jamba_onnx.iterdir())
     sizes = json.loads((out / "sizes.json").read_text())
     assert sizes["zip_bytes"] == (out / "lambda.zip").stat().st_size and sizes["under_lambda_limit"]
-    with pytest.raises(SystemExit, match="exists"):
-        pkg.main([str(jamba_onnx), "-o", str(out)])
+    assert main(["package-lambda", str(jamba_onnx), "-o", str(out)]) == 2  # exists, no --force
+    assert main(["package-lambda", str(jamba_onnx), "-o", str(out), "--force"]) == 0
+
+
+def test_package_wheel_installs(tmp_path: Path) -> None:
+    """The wheel that the container image installs: pip accepts it, with the console script and
+    the runtime's base dependencies (no extras)."""
+    from hybridrt.serve.lambda_package import write_wheel
+
+    wheel = write_wheel(tmp_path)
+    target = tmp_path / "site"
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(target)]
+    result = subprocess.run([*cmd, str(wheel)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (target / "hybridrt" / "serve" / "aws_lambda.py").is_file()
+    assert (target / "hybridrt" / "data" / "default-model").is_dir()
+    [info] = target.glob("hybridrt-*.dist-info")
+    assert "hybridrt = hybridrt.cli:main" in (info / "entry_points.txt").read_text()
+    requires = [line for line in (info / "METADATA").read_text().splitlines() if line.startswith("Requires-Dist:")]
+    base = [line.removeprefix("Requires-Dist: ") for line in requires if "extra ==" not in line]
+    assert base == [r for r in importlib.metadata.requires("hybridrt") or [] if "extra ==" not in r]
+    assert any(r.startswith("onnxruntime>=") for r in base) and not any(r.startswith("torch") for r in base)

@@ -25,13 +25,6 @@ REPORT = ("nll_delta", "ppl_ratio", "mean_kl", "greedy_agreement", "tokens", "pr
 PROMPT = [5, 6, 7, 8]
 
 
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("calibration") / "code.txt"
-    path.write_text(TEXT * 8, encoding="utf-8")
-    return path
-
-
 def _greedy(directory: Path) -> list[int]:
     out = hybridrt.load(directory).generate(PROMPT, max_new_tokens=12, do_sample=False)
     assert isinstance(out, list)
@@ -303,6 +296,12 @@ def test_tied_model_end_to_end(text_file: Path, tmp_path: Path) -> None:
 
     src = make_llama(tmp_path / "ckpt", tie_word_embeddings=True)
     export(src, tmp_path / "onnx")
+    # The float graph reads the one table transposed (no Transpose that a session would fold
+    # into a second, transposed copy of the table).
+    graph = onnx.load(tmp_path / "onnx" / "model.onnx", load_external_data=False).graph
+    head = next(n for n in graph.node if n.name == "/lm_head/MatMul")
+    assert (head.op_type, head.input[1]) == ("FusedMatMul", "model.embed_tokens.weight")
+    assert not any(n.op_type == "Transpose" and "model.embed_tokens.weight" in n.input for n in graph.node)
     out = tmp_path / "q"
     quantize(tmp_path / "onnx", out, "int4", calibration=[text_file], vocab_bits=4, **SMALL)
     q = read_manifest(out).quantization

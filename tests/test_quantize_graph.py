@@ -11,8 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from hybridrt.quantization import QuantConfig
-from hybridrt.quantization.rewrites import find_vocab_nodes, give_private_weights, quantize_vocab
+from hybridrt.quantization.rewrites import give_private_weights
 from hybridrt.quantization.selection import select_nodes
+from hybridrt.quantization.vocab import find_vocab_nodes, quantize_vocab
 
 # the tiny Jamba of checkpoints.make_jamba: attention every second layer
 JAMBA_KINDS = ("mamba", "attention", "mamba", "attention")
@@ -26,7 +27,10 @@ def jamba_graph(jamba_onnx: Path) -> onnx.GraphProto:
 def test_default_keep_float_list_and_state_rules(jamba_graph: onnx.GraphProto) -> None:
     default = select_nodes(jamba_graph, QuantConfig(), JAMBA_KINDS)
     kept = set(default.excluded)
-    assert {"/model/layers.0/mixer/dt_proj/MatMul", "/model/layers.1/ffn/router/MatMul"} <= kept
+    assert "/model/layers.0/mixer/dt_proj/MatMul" in kept
+    # The MoE router (a float Gemm over the tokens) is never quantized; the experts' MoE node is.
+    assert not [n for n in default.quantize if "/router/" in n]
+    assert "/model/layers.1/ffn/MoE" in default.quantize
     # Attention over the KV buffers is one GroupQueryAttention node (no weight): never selected.
     cores = [n.name for n in jamba_graph.node if n.op_type == "GroupQueryAttention"]
     assert cores == ["/model/layers.1/mixer/GroupQueryAttention", "/model/layers.3/mixer/GroupQueryAttention"]
@@ -81,16 +85,31 @@ def test_dropping_the_default_list_keeps_the_state_rules(jamba_graph: onnx.Graph
     assert "/model/layers.1/mixer/MatMul" in plain.excluded and not plain.quantize
 
 
-def test_tied_lm_head_gets_a_private_weight() -> None:
-    """A weight tied to the embedding reaches lm_head through a Transpose, which every
-    onnxruntime quantizer skips as a non-constant weight."""
+# A tied LM head as hybridrt's export writes it (FusedMatMul reading the table transposed) and
+# as older exports and other exporters write it (MatMul of a Transpose of the table).
+TIED_HEADS = ["fused", "transpose"]
+
+
+def _tied_head(head: str, x: str) -> list[onnx.NodeProto]:
+    if head == "fused":
+        return [
+            helper.make_node(
+                "FusedMatMul", [x, "emb"], ["logits"], name="/lm_head/MatMul", domain="com.microsoft", transB=1
+            )
+        ]
+    return [
+        helper.make_node("Transpose", ["emb"], ["embT"], name="/lm_head/Transpose", perm=[1, 0]),
+        helper.make_node("MatMul", [x, "embT"], ["logits"], name="/lm_head/MatMul"),
+    ]
+
+
+@pytest.mark.parametrize("head", TIED_HEADS)
+def test_tied_lm_head_gets_a_private_weight(head: str) -> None:
+    """A weight tied to the embedding reaches lm_head through a Transpose or a transB=1
+    FusedMatMul, which every onnxruntime quantizer skips as a non-constant weight."""
     emb = np.arange(12, dtype=np.float32).reshape(4, 3)
     graph = helper.make_graph(
-        [
-            helper.make_node("Gather", ["emb", "ids"], ["h"], name="/model/embed_tokens/Gather"),
-            helper.make_node("Transpose", ["emb"], ["embT"], name="/lm_head/Transpose", perm=[1, 0]),
-            helper.make_node("MatMul", ["h", "embT"], ["logits"], name="/lm_head/MatMul"),
-        ],
+        [helper.make_node("Gather", ["emb", "ids"], ["h"], name="/model/embed_tokens/Gather"), *_tied_head(head, "h")],
         "tied",
         [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 2])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 2, 4])],
@@ -100,16 +119,15 @@ def test_tied_lm_head_gets_a_private_weight() -> None:
     matmul = next(n for n in graph.node if n.op_type == "MatMul")
     weight = next(t for t in graph.initializer if t.name == matmul.input[1])
     np.testing.assert_array_equal(numpy_helper.to_array(weight), emb.T)
-    assert [n.op_type for n in graph.node] == ["Gather", "MatMul"]
+    assert [(n.op_type, n.domain, len(n.attribute)) for n in graph.node] == [("Gather", "", 0), ("MatMul", "", 0)]
 
 
-def _tied_graph(vocab: int = 64, hidden: int = 32) -> tuple[onnx.GraphProto, np.ndarray]:
+def _tied_graph(vocab: int = 64, hidden: int = 32, head: str = "fused") -> tuple[onnx.GraphProto, np.ndarray]:
     table = np.random.default_rng(0).standard_normal((vocab, hidden)).astype(np.float32)
     graph = helper.make_graph(
         [
             helper.make_node("Gather", ["emb", "input_ids"], ["h"], name="/model/embed_tokens/Gather"),
-            helper.make_node("Transpose", ["emb"], ["embT"], name="/lm_head/Transpose", perm=[1, 0]),
-            helper.make_node("MatMul", ["h", "embT"], ["logits"], name="/lm_head/MatMul"),
+            *_tied_head(head, "h"),
         ],
         "tied",
         [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
@@ -139,9 +157,10 @@ def _dequantize(packed: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray
     return ((values.astype(np.float32) - 2 ** (bits - 1)) * scales[..., None]).reshape(packed.shape[0], -1)
 
 
+@pytest.mark.parametrize("head", TIED_HEADS)
 @pytest.mark.parametrize("bits", [4, 8])
-def test_tied_embedding_and_lm_head_share_one_quantized_table(bits: int) -> None:
-    graph, table = _tied_graph()
+def test_tied_embedding_and_lm_head_share_one_quantized_table(bits: int, head: str) -> None:
+    graph, table = _tied_graph(head=head)
     ids = np.array([[0, 5, 63], [7, 7, 1]], dtype=np.int64)
     nodes = find_vocab_nodes(graph)
     assert nodes.tied and nodes.gather == "/model/embed_tokens/Gather" and nodes.head == "/lm_head/MatMul"
@@ -164,8 +183,9 @@ def test_tied_embedding_and_lm_head_share_one_quantized_table(bits: int) -> None
     assert np.all(error <= step * 1.0001) and np.mean(error <= step / 2 + 1e-6) > 0.99
 
 
-def test_lm_head_alone_keeps_the_float_embedding() -> None:
-    graph, table = _tied_graph()
+@pytest.mark.parametrize("head", TIED_HEADS)
+def test_lm_head_alone_keeps_the_float_embedding(head: str) -> None:
+    graph, table = _tied_graph(head=head)
     ids = np.array([[3, 4]], dtype=np.int64)
     float_logits = _run_graph(graph, ids)
     nodes = find_vocab_nodes(graph)

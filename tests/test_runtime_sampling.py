@@ -141,3 +141,23 @@ def test_beam_search_parameters_that_work() -> None:
 def test_temperature_zero_without_do_sample_is_greedy(jamba_onnx: Path) -> None:
     model = hybridrt.load(jamba_onnx)
     assert model.generate(PROMPT, max_new_tokens=8, temperature=0) == model.generate(PROMPT, max_new_tokens=8)
+
+
+def test_penalties_that_overflow_float32_still_give_a_distribution() -> None:
+    """A tiny repetition penalty divides a seen token's positive logit past float32's range
+    (+inf): sampling then picks among the +inf tokens, never from a NaN distribution."""
+    logits = np.asarray([[2.0, 1.0, -1.0, 3.0]], dtype=np.float32)
+    seen = np.asarray([[True, True, False, False]])
+    cfg = GenerationConfig(do_sample=True, temperature=0.5, repetition_penalty=5e-324, seed=0)
+    with np.errstate(invalid="raise"):  # no NaN on the way
+        tokens = [int(sample(logits, cfg, np.random.default_rng(i), seen)[0]) for i in range(40)]
+    assert set(tokens) == {0, 1}  # both seen positive logits overflow to +inf; the others get nothing
+
+
+def test_a_tiny_penalty_leaves_masked_seen_tokens_at_minus_inf() -> None:
+    """A seen token that a grammar or top-k already masked (-inf) stays -inf under a penalty
+    that float32 rounds to 0 (-inf * 0 would be NaN)."""
+    logits = np.asarray([[-np.inf, -1.0, 2.0]], dtype=np.float32)
+    with np.errstate(invalid="raise"):
+        apply_repetition_penalty(logits, np.asarray([[True, True, True]]), 1e-300)
+    assert logits[0, 0] == -np.inf and logits[0, 1] <= 0 and logits[0, 2] == np.inf

@@ -44,8 +44,8 @@ BAD_COMMON: dict[str, list[Any]] = {
     "frequency_penalty": [-3, 2.5, "0", True, "x"],
     "repetition_penalty": [0, -1, 101, "1", True, 1e400],
     "min_tokens": [-1, 1.5, "1", 17, True],
-    "logprobs": [5, True],
-    "logit_bias": [{"1": 5}],
+    "logit_bias": [{"1": 5}, [], "x"],
+    "user": [5, ["x"], True],
     "foo": [1, None, "x"],
     "max_new_tokens": [5],
     "temprature": [1],
@@ -53,9 +53,12 @@ BAD_COMMON: dict[str, list[Any]] = {
 BAD_COMPLETION: dict[str, list[Any]] = {
     "prompt": [None, "", [], [[]], [1, "a"], [-1], [10**6], [1.5], {"a": 1}, True, 5, [["x"]], [[1], "x"],
                [True, False], [[1, 2], [3, -4]], [5] * 600, "x " * 600, [None]],
-    "echo": [True],
-    "best_of": [2],
-    "suffix": ["x"],
+    "echo": ["yes", 1, []],
+    "logprobs": [6, -1, True, "1", 1.5, [1]],
+    "best_of": [2, True, 1.5, "1"],
+    "suffix": ["x", 1],
+    "response_format": [{"type": "xml"},
+                        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/x"}}}],
 }  # fmt: skip
 BAD_CHAT: dict[str, list[Any]] = {
     "messages": [None, [], "hi", [{}], [{"role": "user"}], [{"role": "robot", "content": "x"}],
@@ -63,8 +66,18 @@ BAD_CHAT: dict[str, list[Any]] = {
                  [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
                  [{"role": "user", "content": None}], {"role": "user", "content": "x"},
                  [{"role": "user", "content": [{"type": "text"}]}], [{"role": "user", "content": "x " * 600}]],
-    "tools": [[{"type": "function", "function": {"name": "f"}}]],
-    "response_format": [{"type": "json_object"}],
+    "tools": ["f", [{"type": "function"}], [{"function": {"name": "f"}}], [{"type": "function", "function": {}}],
+              [{"type": "function", "function": {"name": "a b"}}],
+              [{"type": "function", "function": {"name": "f"}}] * 2,
+              [{"type": "function", "function": {"name": "f", "parameters": "x"}}]],
+    "tool_choice": ["required", "any", 5, {"type": "function", "function": {"name": "f"}}, {"type": "function"}],
+    "parallel_tool_calls": ["yes", 1],
+    "logprobs": [5, "yes", 1],
+    "top_logprobs": [2, -1, 21, 1.5, True],  # also: top_logprobs without logprobs: true
+    "response_format": [{"type": "xml"}, "json", {"type": "json_schema"}, {"type": "json_schema", "json_schema": {}},
+                        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
+                        {"type": "json_schema", "json_schema": {"name": "x", "schema": []}},
+                        {"type": "json_object", "schema": {}}],
     "max_completion_tokens": [0, -5, "8", 10**6],
 }  # fmt: skip
 
@@ -87,7 +100,7 @@ def _cases() -> Iterator[tuple[str, str, bytes, dict[str, str]]]:
             yield "POST", path, json.dumps(good).encode(), headers
         for method in ("GET", "PUT", "DELETE", "PATCH"):
             yield method, path, b"", AUTH
-    for path in ("/v1/embeddings", "/v2/completions", "/", "/v1/completions/x", "/%ff", "/v1/models/x"):
+    for path in ("/v1/embeddings", "/v2/completions", "/index.html", "/v1/completions/x", "/%ff", "/v1/models/x"):
         yield "GET", path, b"", AUTH
         yield "POST", path, json.dumps(COMPLETION).encode(), AUTH
     for path in ("/v1/models", "/metrics", "/health"):

@@ -13,7 +13,6 @@ import pytest
 
 import hybridrt
 from hybridrt.runtime.sampling import GenerationConfig
-from hybridrt.serve.batch import Graph, Rows
 from hybridrt.serve.cache import PrefixCache
 from hybridrt.serve.engine import Engine, EngineBusy, EngineConfig, Request, Update
 
@@ -114,15 +113,48 @@ def test_prefix_cache_prefills_only_the_rest(default_onnx: Path) -> None:
     assert stats["cache_entries"] >= 3 and stats["cache_bytes"] > 0
 
 
+def test_scored_prompts_skip_the_prefix_cache(default_onnx: Path) -> None:
+    """A request that scores its prompt (echo + logprobs) prefills every position even when
+    the cache holds its prompt: the cache keeps no logits but the last."""
+    model = hybridrt.load(default_onnx)
+    prompt = _prompt(21, vocab=4096)
+    engine = _engine(model, slots=2, chunk=8)
+    try:
+        plain = _submit(engine, prompt, max_new_tokens=2)[1]
+        assert plain.done.wait(60)
+        scored: list[Update] = []
+        done = threading.Event()
+
+        def collect(update: Update) -> None:
+            scored.append(update)
+            if update.finish_reason is not None:
+                done.set()
+
+        cfg = model.generation_config(max_new_tokens=1)
+        engine.submit(Request(prompt, cfg, collect, logprobs=0, prompt_logprobs=0, score_only=True))
+        assert done.wait(60)
+    finally:
+        engine.stop()
+    [update] = scored
+    assert update.tokens == [] and update.finish_reason == "length" and update.cached_tokens == 0
+    assert update.prompt_logprobs is not None and [e.token for e in update.prompt_logprobs] == prompt
+    from hybridrt.runtime.evaluate import ort_logits_fn, token_nll
+
+    want = -token_nll(ort_logits_fn(model), prompt, len(prompt), len(prompt), lambda n: None)
+    got = [e.logprob for e in update.prompt_logprobs]
+    assert got[0] is None
+    np.testing.assert_allclose(np.asarray(got[1:], dtype=np.float64), want, atol=1e-4)
+
+
 def test_prefix_cache_evicts_least_recently_used_under_its_byte_cap(jamba_onnx: Path) -> None:
-    graph = Graph.of(hybridrt.load(jamba_onnx))
-    rows = Rows.fresh(graph)
-    rows.run(np.asarray([[5, 6, 7]], dtype=np.int64))
-    cache = PrefixCache(max_bytes=2 * rows.nbytes + 100)
-    cache.put([1, 2], rows.copy(), None)
-    cache.put([3, 4], rows.copy(), None)
+    rows = hybridrt.load(jamba_onnx).stepper(1, 8)
+    rows.forward(np.asarray([[5, 6, 7]], dtype=np.int64))
+    row = rows.row(0)
+    cache = PrefixCache(max_bytes=2 * row.nbytes + 100)
+    cache.put([1, 2], row, None)
+    cache.put([3, 4], row, None)
     assert cache.get([1, 2, 9]) is not None  # [1, 2] is now the most recent
-    cache.put([5, 6], rows.copy(), None)
+    cache.put([5, 6], row, None)
     assert cache.get([3, 4, 9]) is None and cache.get([1, 2, 9]) is not None and len(cache) == 2
     assert cache.bytes <= cache.max_bytes
     assert cache.get([1, 2]) is None  # stored without logits: needs one more token
@@ -183,14 +215,14 @@ def test_presence_and_frequency_penalties_follow_openai(default_onnx: Path) -> N
     model = hybridrt.load(default_onnx)
     # Greedy repeats itself after this prompt ("\n#\n#\n#..."), so the penalties matter.
     prompt, presence, frequency = model.tokenizer.encode("import os\n").ids, 0.7, 0.4
-    rows = Rows.fresh(Graph.of(model))
-    logits = rows.run(np.asarray([prompt], dtype=np.int64))[0]
+    rows = model.stepper(1, len(prompt) + 16)
+    logits = rows.forward(np.asarray([prompt], dtype=np.int64))[0].copy()
     counts, want = np.zeros_like(logits), []
     for _ in range(16):
         token = int(np.argmax(logits - presence * (counts > 0) - frequency * counts))
         want.append(token)
         counts[token] += 1
-        logits = rows.run(np.asarray([[token]], dtype=np.int64))[0]
+        logits = rows.forward(np.asarray([[token]], dtype=np.int64))[0].copy()
     engine = _engine(model)
     try:
         result = Result()
@@ -201,22 +233,6 @@ def test_presence_and_frequency_penalties_follow_openai(default_onnx: Path) -> N
         engine.stop()
     assert result.tokens == want
     assert want != model.generate(prompt, max_new_tokens=16, eos_token_id=[])  # the penalties changed something
-
-
-def test_rows_undo_takes_back_the_last_call(jamba_onnx: Path) -> None:
-    model = hybridrt.load(jamba_onnx)
-    graph = Graph.of(model)
-    rows = Rows.fresh(graph, 1, 4)
-    rows.run(np.asarray([[5, 17, 99]]))
-    before = rows.run(np.asarray([[4]])).copy()
-    rows.undo()
-    assert rows.count.tolist() == [3]
-    logits = rows.run(np.asarray([[4, 9, 2]]), last=3)
-    assert logits.shape == (1, 3, graph.vocab)
-    np.testing.assert_allclose(logits[0, 0], before[0], atol=1e-5)  # the rows were as before the undone call
-    rows.undo()
-    with pytest.raises(ValueError, match="undo"):
-        rows.undo()
 
 
 # The adaptive schedule may stop drafting on measured time (these tiny models step fast);

@@ -107,6 +107,31 @@ def test_stop_strings_are_cut_from_the_text(client: openai.OpenAI, model: Model)
             assert out.choices[0].text == want and out.choices[0].finish_reason == "stop"
 
 
+def test_load_tools_default_body_fixes_the_length_and_reports_usage_per_chunk(server: Running) -> None:
+    """guidellm's default streaming request (vLLM's ignore_eos and continuous_usage_stats) was
+    answered 400. Now every choice runs to max_tokens, and each chunk carries the usage so far."""
+    body = {
+        "model": "default",
+        "prompt": "def main():",
+        "max_tokens": 40,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=60) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    with_text = [e for e in events if e["choices"]]
+    counts = [e["usage"]["completion_tokens"] for e in with_text]
+    assert counts == sorted(counts) and counts[-1] == 40 and len(set(counts)) > 1
+    assert all(e["usage"]["prompt_tokens"] == events[-1]["usage"]["prompt_tokens"] for e in with_text)
+    assert with_text[-1]["choices"][0]["finish_reason"] == "length"
+    assert events[-1]["usage"]["completion_tokens"] == 40 and not events[-1]["choices"]
+    bad = body | {"stream_options": {"include_usage": True, "other": 1}}
+    r = httpx.post(server.url + "/v1/completions", json=bad, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
+
+
 def test_models_and_api_key(server: Running, client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list().data] == ["default"]
     wrong = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)

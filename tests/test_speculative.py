@@ -15,7 +15,8 @@ import pytest
 
 import hybridrt
 from hybridrt.errors import GenerationError
-from hybridrt.runtime.speculative import PROBE, DraftSchedule, accept_or_replace
+from hybridrt.runtime.schedule import PROBE, DraftSchedule
+from hybridrt.runtime.speculative import accept_or_replace
 
 PROMPTS = [[5, 17, 99, 3, 250, 41, 7], [8], [100, 200, 300] * 5]
 
@@ -119,7 +120,7 @@ def test_acceptance_rule_follows_the_target_distribution() -> None:
 @pytest.mark.parametrize("io_binding", [True, False])
 def test_rewind_returns_to_the_states_of_a_checkpoint(jamba_onnx: Path, io_binding: bool) -> None:
     model = hybridrt.load(jamba_onnx, io_binding=io_binding)
-    stepper = model._new_stepper(1, 8, ring=4)
+    stepper = model.stepper(1, 8, ring=4)
     stepper.forward(np.asarray([[5, 17, 99]]))
     mark = stepper.checkpoint()
     first = [stepper.forward(np.asarray([[t]])).copy() for t in (4, 9)]
@@ -192,22 +193,23 @@ def test_verify_calls_stay_short_when_drafts_are_rejected(jamba_onnx: Path, jamb
     """A recurrent target runs the drafts it kept again after a rejection, once: its pending
     tokens never pile up from round to round (they did, each call longer than the last)."""
     from hybridrt.runtime.decode import GenerationStats
-    from hybridrt.runtime.speculative import speculate
+    from hybridrt.runtime.speculative import Draft, speculate
 
     target, draft = hybridrt.load(jamba_onnx), hybridrt.load(jamba_int4)
     cfg = target.generation_config(max_new_tokens=60, eos_token_id=[], num_assistant_tokens_schedule="constant")
-    schedule = target.draft_schedule(draft, cfg)
-    steppers = target.draft_steppers(draft, len(PROMPTS[0]), cfg, schedule)
+    room = len(PROMPTS[0]) + cfg.max_new_tokens
+    drafter = Draft.start(target, draft, cfg, room)
+    stepper = target.stepper(1, room + drafter.schedule.max_k + 2)
     lengths: list[int] = []
-    forward = steppers[0].forward
+    forward = stepper.forward
 
     def counted(ids: np.ndarray, all_logits: bool = False, last: int = 1) -> np.ndarray:
         lengths.append(ids.shape[1])
         return forward(ids, all_logits, last)
 
-    steppers[0].forward = counted  # type: ignore[method-assign]
+    stepper.forward = counted  # type: ignore[method-assign]
     stats = GenerationStats()
-    for _ in speculate(*steppers, list(PROMPTS[0]), cfg, [], stats, schedule):
+    for _ in speculate(stepper, drafter, list(PROMPTS[0]), cfg, [], stats):
         pass
     assert stats.tokens[0] == target.generate(PROMPTS[0], max_new_tokens=60, eos_token_id=[])
     assert 0 < stats.accepted_tokens < stats.draft_tokens

@@ -63,11 +63,12 @@ def batchable(manifest: Manifest) -> bool:
 
 
 def growing_copy(model: Path, tmp: Path) -> Path:
-    """A copy of an exported directory whose KV states grow per token, whichever contract the
-    export used: the graph contract before fixed-size KV."""
+    """A copy of an exported directory as the graph contract before fixed-size KV (schema 1)
+    described it: KV states that grow per token."""
     out = tmp / "growing"
     shutil.copytree(model, out)
     data = json.loads((out / MANIFEST).read_text())
+    data["schema_version"] = 1
     for spec in data["inputs"] + data["outputs"]:
         grown = "past_len" if spec["name"].startswith("past.") else "total_len"
         spec["dims"] = [grown if d in ("capacity", "past_len", "total_len") else d for d in spec["dims"]]
@@ -213,8 +214,9 @@ def test_client_example_reaches_for_the_server(mamba2_onnx: Path, tmp_path: Path
 
 
 def test_growing_kv_is_refused(jamba_onnx: Path, tmp_path: Path) -> None:
-    """Attention KV that grows per token cannot be a zero-initialised implicit state."""
-    with pytest.raises(DeployError, match=r"past\.1\.key .*grows.*re-export.*fixed-size KV"):
+    """Attention KV that grows per token cannot be a zero-initialised implicit state: a directory
+    of that contract is refused, with the re-export that fixes it, before anything is written."""
+    with pytest.raises(hybridrt.GraphError, match=r"schema version 1.*grows its KV per token.*Re-export"):
         write_repository(growing_copy(jamba_onnx, tmp_path), tmp_path / "repo")
     assert not (tmp_path / "repo").exists()  # refused before anything was written
 
@@ -233,7 +235,7 @@ def test_cli_writes_and_refuses(mamba2_onnx: Path, jamba_onnx: Path, tmp_path: P
     assert parse((repo / "m" / "config.pbtxt").read_text()).max_batch_size == want
     assert main(["triton", str(growing_copy(jamba_onnx, tmp_path)), "-o", str(repo)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("hybridrt: error: state past.1.key"), err
+    assert len(err) == 1 and err[0].startswith("hybridrt: error: ") and "schema version 1" in err[0], err
     assert sorted(p.name for p in repo.iterdir()) == ["m"]
 
 

@@ -23,7 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--api-key",
         default=os.environ.get("HYBRIDRT_API_KEY"),
-        help="require Authorization: Bearer KEY on every route but /health (default: $HYBRIDRT_API_KEY)",
+        help="require Authorization: Bearer KEY on every route but /health and /openapi.json "
+        "(default: $HYBRIDRT_API_KEY)",
     )
     p.add_argument("--model-name", help="the model id clients send (default: 'default' or the directory's name)")
     p.add_argument("--slots", type=int, default=ENGINE.slots, help="sequences decoded together (state slots)")

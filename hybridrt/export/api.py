@@ -6,6 +6,7 @@ written, validated and described.
 
 from __future__ import annotations
 
+import functools
 import platform
 import resource
 import time
@@ -16,13 +17,16 @@ from typing import Any
 import torch
 
 from .._version import __version__
+from ..config import HybridConfig
 from ..errors import CheckpointError, ExportError, GraphError
-from ..graphs.contract import input_specs, output_specs
+from ..graphs.contract import GraphContract
 from ..graphs.files import atomic_directory, copy_tokenizer
 from ..graphs.manifest import GRAPH_FILES, Manifest
 from ..models.checkpoint import load_model
 from ..models.model import HybridForCausalLM
 from ..runtime.validate import as_path
+from .genai_layout import GENAI, write_genai
+from .layouts import DEFAULT_LAYOUT, TRANSFORMERS_JS, check_layout, write_transformers_js
 from .trace import GraphModule, dynamic_shapes, example_inputs
 
 FORMATS = tuple(GRAPH_FILES)
@@ -38,13 +42,23 @@ def export(
     fused_ops: bool = True,
     fuse_norms: bool = True,
     progress: Callable[[str], None] | None = None,
+    quantizer: Any = None,
+    eval_text: str | Path | None = None,
+    layout: str = "hybridrt",
 ) -> Manifest:
     """Export a Hugging Face checkpoint directory to `out`; returns the manifest.
+
+    quantizer: a quantization.direct.FragmentQuantizer, which quantizes each layer as it is
+    written (hybridrt.export_model's quantize=...; export depends on no quantization code);
+    with eval_text the float graph is written beside for its quality report, then removed.
 
     fused_ops: in ONNX, run each Mamba recurrence as one onnxruntime `com.microsoft` node;
     False keeps standard ONNX operators only (a chunked scan), for other ONNX runtimes.
     fuse_norms: with fused_ops, also fuse each RMSNorm (and the residual Add before it) into
     onnxruntime's SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (export.fuse).
+    layout: "hybridrt" (this project's directory and contract) or "transformers-js" (the
+    directory and graph interface transformers.js loads; export.layouts); the manifest
+    returned is then the one of the hybridrt graph inside it.
     """
     say = progress or (lambda msg: None)
     if format not in FORMATS:
@@ -52,13 +66,28 @@ def export(
     out = as_path(out, "out", ExportError)
     if out.exists() and not force:
         raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
-    src = Path(src)
+    from .hub import resolve
+
+    src = resolve(src)
+    if layout != DEFAULT_LAYOUT:
+        check_layout(layout, src, format, quantizer is not None)
+        writers = {TRANSFORMERS_JS: write_transformers_js, GENAI: write_genai}
+        inner = export if quantizer is None else functools.partial(export, quantizer=quantizer)
+        return writers[layout](src, out, inner, force=force, validate=validate, progress=say)
+    if quantizer is not None and format != "onnx":
+        raise ExportError(f"--quantize needs --format onnx, not {format}")
+    if eval_text is not None and quantizer is None:
+        raise ExportError("--eval-text measures a --quantize export against float; add --quantize MODE")
     t0 = time.perf_counter()
     generation = _generation(src)
-    say(f"loading {src}")
-    model, hf = load_model(src)
     with atomic_directory(out, ExportError) as tmp:
-        manifest = _write(model, hf, src, tmp, format, validate, say, fused_ops, fuse_norms)
+        if format == "onnx":
+            direct = (quantizer, None if eval_text is None else Path(eval_text))
+            manifest = _write_onnx(src, tmp, validate, say, fused_ops, fuse_norms, direct)
+        else:
+            say(f"loading {src}")
+            model, hf = load_model(src)
+            manifest = _write(model, hf, src, tmp, format, validate, say)
         manifest.generation = generation
         manifest.provenance["export_seconds"] = round(time.perf_counter() - t0, 2)
         manifest.provenance["export_peak_rss_mb"] = round(_peak_rss_mb(), 1)
@@ -76,15 +105,15 @@ def _write(
     format: str,
     validate: bool,
     say: Callable[[str], None],
-    fused_ops: bool = True,
-    fuse_norms: bool = True,
 ) -> Manifest:
+    """TorchScript or pt2: the whole model traced at once (PyTorch users load it whole anyway)."""
     from . import validate as val
+    from .torch_export import load_torch_graph
 
-    module = GraphModule(model).eval()
-    args = example_inputs(model)
+    contract = GraphContract.of(model.config)  # the one contract this export traces, describes and checks
+    module = GraphModule(model, contract).eval()
+    args = example_inputs(module)
     graph_path = tmp / GRAPH_FILES[format]
-    norm_fusion = None
     say(f"tracing ({format})")
     with torch.no_grad():
         if format == "torchscript":
@@ -93,49 +122,130 @@ def _write(
             to_torchscript(module, args, graph_path)
         else:
             from .onnx_export import export_program
+            from .torch_export import to_pt2
 
             try:
-                program = export_program(module, args, dynamic_shapes(model), fused=format == "onnx" and fused_ops)
+                program = export_program(module, args, dynamic_shapes(contract))
             except Exception as e:
                 raise ExportError(f"torch.export failed for {model.config.model_type}: {e}") from e
-            if format == "pt2":
-                from .torch_export import to_pt2
-
-                to_pt2(program, graph_path)
-            else:
-                from .onnx_export import to_onnx
-
-                _, norm_fusion = to_onnx(program, module, graph_path, fuse_norms=fused_ops and fuse_norms)
+            to_pt2(program, graph_path)
     copy_tokenizer(src, tmp)
-    manifest = _manifest(model, hf, src, format)
-    manifest.provenance["fused_ops"] = format == "onnx" and fused_ops
-    if format == "onnx":
-        # False, or what export.fuse did: fused-op counts and the norms left unfused
-        manifest.provenance["fused_norms"] = norm_fusion or False
+    manifest = _manifest(model.config, contract, hf, src, format, sum(p.numel() for p in model.parameters()))
+    manifest.provenance["fused_ops"] = False
     if validate:
         say("checking parity against PyTorch")
-        if format == "onnx":
-            runner = val.ort_runner(graph_path, model)
-        else:
-            from .torch_export import load_torch_graph
-
-            runner = val.torch_runner(load_torch_graph(graph_path))
-        report = val.measure_parity(model, runner)
-        manifest.parity = report
-        if not report["passed"]:
-            raise ExportError(
-                f"exported graph does not match PyTorch: max |Δlogits| {report['max_abs_logits']:.3g}, "
-                f"max |Δstate| {report['max_abs_state']:.3g} (tolerance {report['tolerance']:g})"
-            )
-        say(f"parity: max |Δlogits| {report['max_abs_logits']:.2e}, max |Δstate| {report['max_abs_state']:.2e}")
+        runner = val.torch_runner(load_torch_graph(graph_path))
+        _check_parity(manifest, val.measure_parity(model, runner, contract=contract), say)
     return manifest
 
 
-def _manifest(model: HybridForCausalLM, hf: dict[str, Any], src: Path, format: str) -> Manifest:
+def _write_onnx(
+    src: Path,
+    tmp: Path,
+    validate: bool,
+    say: Callable[[str], None],
+    fused_ops: bool,
+    fuse_norms: bool,
+    direct: tuple[Any, Path | None] = (None, None),
+) -> Manifest:
+    """ONNX, one layer at a time from the memory-mapped checkpoint (export.streamed)."""
+    from ..errors import QuantizationError
+    from ..models.checkpoint import open_weights
+    from ..models.weights import numel
+    from . import validate as val
+    from .onnx_export import check_graph
+    from .streamed import write_graph
+
+    graph_path = tmp / GRAPH_FILES["onnx"]
+    quantizer, eval_text = direct
+    with open_weights(src) as weights:
+        contract = GraphContract.of(weights.cfg)  # the one contract this export writes, describes and checks
+        plan = _check_memory(weights, validate, quantizer is not None, eval_text is not None)
+        float_dir = None
+        if quantizer is not None:
+            quantizer.bind(weights.cfg)
+            if eval_text is not None:
+                float_dir = tmp / ".float"
+                float_dir.mkdir()
+                copy_tokenizer(src, float_dir)
+        try:
+            written = write_graph(
+                weights,
+                graph_path,
+                contract,
+                fused=fused_ops,
+                fuse_norms=fused_ops and fuse_norms,
+                layer_pass=quantizer,
+                float_copy=None if float_dir is None else float_dir / GRAPH_FILES["onnx"],
+                say=say,
+            )
+        except (CheckpointError, ExportError, QuantizationError):
+            raise
+        except Exception as e:
+            raise ExportError(f"ONNX export failed for {weights.cfg.model_type}: {type(e).__name__}: {e}") from e
+        check_graph(graph_path)
+        copy_tokenizer(src, tmp)
+        n_params = sum(numel(s) for s in weights.shapes.values())
+        manifest = _manifest(weights.cfg, contract, weights.hf, src, "onnx", n_params)
+        manifest.provenance["fused_ops"] = fused_ops
+        fusion: dict[str, Any] | bool = False
+        if written.fusion is not None:
+            fusion = written.fusion | written.passes
+        manifest.provenance["fused_norms"] = fusion
+        manifest.provenance["templates"] = written.templates
+        manifest.provenance["trace_seconds"] = round(written.trace_seconds, 2)
+        manifest.provenance["write_seconds"] = round(written.write_seconds, 2)
+        manifest.provenance["memory_plan_mb"] = {k: round(v / 1e6) for k, v in plan.items()}
+        if quantizer is not None:
+            return quantizer.finish(manifest, src, tmp, float_dir, eval_text, weights.nbytes(), say)  # type: ignore[no-any-return]
+        if validate:
+            say("checking parity against PyTorch, one layer at a time")
+            report = val.measure_parity_streamed(weights, graph_path, contract=contract)
+            _check_parity(manifest, report, say)
+    return manifest
+
+
+def _check_memory(weights: Any, validate: bool, quantized: bool, report: bool) -> dict[str, int]:
+    """Refuse, before any work, an export this machine's memory cannot hold."""
+    from .weights import available_memory, memory_plan
+
+    plan = memory_plan(weights, validate or report, quantized and not report)
+    free = available_memory()
+    if free is not None and plan["peak_bytes"] > free:
+        gb = 1e9
+        stage = (
+            "checking parity (the float graph in onnxruntime)"
+            if plan["check_bytes"] > plan["write_bytes"]
+            else ("writing its largest layer")
+        )
+        hint = (
+            "; pass --no-validate to skip the parity check, or --quantize int4 to export straight to 4 bits"
+            if plan["check_bytes"] > plan["write_bytes"]
+            else ""
+        )
+        raise ExportError(
+            f"exporting {weights.src} needs about {plan['peak_bytes'] / gb:.1f} GB while {stage}, and "
+            f"{free / gb:.1f} GB is available{hint}"
+        )
+    return plan
+
+
+def _check_parity(manifest: Manifest, report: dict[str, Any], say: Callable[[str], None]) -> None:
+    manifest.parity = report
+    if not report["passed"]:
+        raise ExportError(
+            f"exported graph does not match PyTorch: max |Δlogits| {report['max_abs_logits']:.3g}, "
+            f"max |Δstate| {report['max_abs_state']:.3g} (tolerance {report['tolerance']:g})"
+        )
+    say(f"parity: max |Δlogits| {report['max_abs_logits']:.2e}, max |Δstate| {report['max_abs_state']:.2e}")
+
+
+def _manifest(
+    cfg: HybridConfig, contract: GraphContract, hf: dict[str, Any], src: Path, format: str, parameters: int
+) -> Manifest:
     import onnx
     import onnxscript
 
-    cfg = model.config
     provenance: dict[str, Any] = {
         "source": str(src.resolve()),
         "source_architectures": hf.get("architectures"),
@@ -143,7 +253,7 @@ def _manifest(model: HybridForCausalLM, hf: dict[str, Any], src: Path, format: s
         "torch": torch.__version__,
         "python": platform.python_version(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": parameters,
     }
     if format == "onnx":
         from .onnx_export import OPSET
@@ -154,8 +264,8 @@ def _manifest(model: HybridForCausalLM, hf: dict[str, Any], src: Path, format: s
         architecture=cfg.model_type,
         layer_types=list(cfg.layer_types),
         config=cfg.to_dict(),
-        inputs=input_specs(cfg),
-        outputs=output_specs(cfg),
+        inputs=list(contract.inputs),
+        outputs=list(contract.outputs),
         special_tokens={
             "bos_token_id": cfg.bos_token_id,
             "eos_token_id": list(cfg.eos_token_id),

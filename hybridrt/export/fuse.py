@@ -20,6 +20,7 @@ input is not a residual Add, say) stay as they were or become SimplifiedLayerNor
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 from collections import Counter
@@ -50,6 +51,9 @@ def fuse_norms(model: onnx.ModelProto) -> dict[str, Any]:
 
     onnx_model = OnnxModel(model)
     FusionSimplifiedLayerNormalization(onnx_model).apply()
+    # The pass appends its nodes; symbolic shape inference does not reorder a graph that
+    # outputs an initializer (the outer graph of a streamed export outputs its rotary tables).
+    onnx_model.topological_sort()
     skip = _skip_fusion(onnx_model)
     if skip is not None:
         skip.apply()
@@ -72,9 +76,10 @@ def fuse_norms(model: onnx.ModelProto) -> dict[str, Any]:
 
 
 def _skip_fusion(onnx_model: Any) -> Any:
-    """The Skip pass with a shape-inference helper that knows com.microsoft LinearAttention and
-    CausalConvWithState (onnxruntime's symbolic shape inference stops at them, and the pass
-    then fuses nothing after them)."""
+    """The Skip pass with a shape-inference helper that knows the fused ops' nodes (models.ops
+    shape_rules: com.microsoft LinearAttention and CausalConvWithState, SelectiveScan;
+    onnxruntime's symbolic shape inference stops at them, and the pass then fuses nothing after
+    them)."""
     from onnxruntime.transformers.fusion_simplified_layernorm import FusionSkipSimplifiedLayerNormalization
 
     helper = _shape_helper(onnx_model.model)
@@ -97,34 +102,14 @@ def _skip_fusion(onnx_model: Any) -> Any:
 def _shape_helper(model: onnx.ModelProto) -> Any:
     from onnxruntime.transformers.onnx_model import OnnxModel  # noqa: F401  (puts tools/ on sys.path)
     from shape_infer_helper import SymbolicShapeInferenceHelper  # type: ignore[import-not-found]
-    from symbolic_shape_infer import get_attribute, get_shape_from_sympy_shape  # type: ignore[import-not-found]
+
+    from ..models.ops import shape_rules
 
     class Helper(SymbolicShapeInferenceHelper):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
             super().__init__(model)
-            self.dispatcher_["LinearAttention"] = self._infer_linear_attention
-            self.dispatcher_["CausalConvWithState"] = self._infer_causal_conv
-            self.dispatcher_["SelectiveScan"] = self._infer_selective_scan
-
-        def _infer_linear_attention(self, node: onnx.NodeProto) -> None:
-            # output [b, t, q_heads * dv] with dv = value's last dim / kv_heads; present_state = past_state
-            dtype = self.known_vi_[node.input[0]].type.tensor_type.elem_type
-            q, v = self._get_sympy_shape(node, 0), self._get_sympy_shape(node, 2)
-            heads, kv_heads = get_attribute(node, "q_num_heads"), get_attribute(node, "kv_num_heads")
-            shape = [q[0], q[1], v[2] * heads // kv_heads]
-            vi = self.known_vi_[node.output[0]]
-            vi.CopyFrom(onnx.helper.make_tensor_value_info(node.output[0], dtype, get_shape_from_sympy_shape(shape)))
-            self._propagate_shape_and_type(node, 3, 1)
-
-        def _infer_causal_conv(self, node: onnx.NodeProto) -> None:
-            # output: the input's shape; present_state: past_state's shape
-            self._propagate_shape_and_type(node, 0, 0)
-            self._propagate_shape_and_type(node, 3, 1)
-
-        def _infer_selective_scan(self, node: onnx.NodeProto) -> None:
-            # output: xdt's shape; present_state: past_state's shape
-            self._propagate_shape_and_type(node, 0, 0)
-            self._propagate_shape_and_type(node, 5, 1)
+            for op_type, rule in shape_rules().items():
+                self.dispatcher_[op_type] = functools.partial(rule, self)
 
     for dims in ({}, _CONCRETE_DIMS):
         helper = Helper()
@@ -274,143 +259,9 @@ def pack_qkv(model: onnx.ModelProto) -> int:
 
 
 def expand_selective_scans(model: onnx.ModelProto) -> int:
-    """Replace each SelectiveScan placeholder (models.ops) by an onnxruntime Scan, in place.
+    """Replace the fused ops' export-time placeholders by the operators that run them, in place
+    (each op's `expand`, models.ops): each Mamba1 SelectiveScan becomes an onnxruntime Scan
+    (models.ops.selective_scan.expand_scans), the only placeholder there is. Returns the count."""
+    from ..models.ops import expand_placeholders
 
-    The Mamba1 scan has d_inner channels, each with its own d_state-wide state and decay,
-    h_t = exp(dt_t A) * h_{t-1} + B_t (dt x)_t, y_t = C_t h_t. onnxruntime has no operator for
-    it: LinearAttention takes it as d_inner heads of one value each, and its per-head loop is
-    slow. Measured per layer at jamba-125m's sizes, 2 threads (docs/notes/onnxruntime-fused-ops,
-    mamba1_scan.py): 12.7 ms for 128 tokens and 363 ms for 1,900, against 2.2 and 34 ms for
-    this Scan; one token 88 us against 27 us (21 us for the step as plain nodes, no Scan). So
-    the scan is a Scan over the sequence whose body is the step on the state as the contract
-    stores it, [b, n, H] with channels innermost (every product broadcasts along the long axis):
-
-        h = exp(dt_t * A) * h + B_t^T (dt x)_t,   y_t = C_t h
-
-    six nodes per token, with A a constant of the body. The Scan reads nothing from the outer
-    graph but its inputs, so tools that order nodes or drop constants by top-level inputs
-    alone (onnxruntime's quantizers do) keep it whole. Returns the number of scans."""
-    import numpy as np
-    from onnx import helper, numpy_helper
-
-    from ..models.ops import SCAN_DOMAIN
-
-    graph = model.graph
-    scans = [n for n in graph.node if n.domain == SCAN_DOMAIN and n.op_type == "SelectiveScan"]
-    if not scans:
-        return 0
-    f = onnx.TensorProto.FLOAT
-    consts = {
-        "/scan/axis2": np.array([2], np.int64),
-        "/scan/axis3": np.array([3], np.int64),
-        "/scan/packed": np.array([0, 0, -1], np.int64),
-    }
-    for node in scans:
-        xdt, dt, A, B, C, h0 = node.input
-        y, h1 = node.output
-        scope = node.name.rsplit("/", 1)[0] if "/" in node.name else f"/scan_{scans.index(node)}"
-        s = f"{scope}/scan"
-        decay_rates = _constant(model, A).astype(np.float32)  # [n, H]
-        body = helper.make_graph(
-            [
-                helper.make_node("Mul", ["dt", "A"], ["log_decay"], name=f"{s}/Mul"),
-                helper.make_node("Exp", ["log_decay"], ["decay"], name=f"{s}/Exp"),
-                helper.make_node("Mul", ["decay", "state"], ["kept"], name=f"{s}/Mul_1"),
-                helper.make_node("Mul", ["key", "xdt"], ["written"], name=f"{s}/Mul_2"),
-                helper.make_node("Add", ["kept", "written"], ["new_state"], name=f"{s}/Add"),
-                helper.make_node("MatMul", ["query", "new_state"], ["y"], name=f"{s}/MatMul"),
-            ],
-            f"{s.strip('/').replace('/', '_')}_step",
-            [
-                helper.make_tensor_value_info("state", f, ["batch", "n", "H"]),
-                helper.make_tensor_value_info("dt", f, ["batch", 1, "H"]),
-                helper.make_tensor_value_info("xdt", f, ["batch", 1, "H"]),
-                helper.make_tensor_value_info("key", f, ["batch", "n", 1]),
-                helper.make_tensor_value_info("query", f, ["batch", 1, "n"]),
-            ],
-            [
-                helper.make_tensor_value_info("new_state", f, ["batch", "n", "H"]),
-                helper.make_tensor_value_info("y", f, ["batch", 1, "H"]),
-            ],
-            [numpy_helper.from_array(decay_rates, "A")],
-        )
-        per_token = [f"{s}/dt", f"{s}/xdt", f"{s}/key", f"{s}/query"]
-        expanded = [
-            helper.make_node("Unsqueeze", [dt, "/scan/axis2"], [per_token[0]], name=f"{s}/Unsqueeze"),
-            helper.make_node("Unsqueeze", [xdt, "/scan/axis2"], [per_token[1]], name=f"{s}/Unsqueeze_1"),
-            helper.make_node("Unsqueeze", [B, "/scan/axis3"], [per_token[2]], name=f"{s}/Unsqueeze_2"),
-            helper.make_node("Unsqueeze", [C, "/scan/axis2"], [per_token[3]], name=f"{s}/Unsqueeze_3"),
-            helper.make_node(
-                "Scan",
-                [h0, *per_token],
-                [h1, f"{s}/y"],
-                name=f"{scope}/SelectiveScan",
-                body=body,
-                num_scan_inputs=4,
-                scan_input_axes=[1, 1, 1, 1],
-                scan_output_axes=[1],
-            ),
-            helper.make_node("Reshape", [f"{s}/y", "/scan/packed"], [y], name=f"{s}/Reshape"),
-        ]
-        at = list(graph.node).index(node)
-        graph.node.remove(node)
-        for n in reversed(expanded):
-            graph.node.insert(at, n)
-    graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
-    _drop_dead(graph)
-    kept = [o for o in model.opset_import if o.domain != SCAN_DOMAIN]
-    del model.opset_import[:]
-    model.opset_import.extend(kept)
-    return len(scans)
-
-
-def _constant(model: onnx.ModelProto, name: str) -> Any:
-    """The value of `name`, computed from initializers alone (onnx's reference evaluator runs
-    the nodes it depends on); an error if it depends on a graph input."""
-    from onnx import numpy_helper
-    from onnx.reference import ReferenceEvaluator
-
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    if name in inits:
-        return numpy_helper.to_array(inits[name])
-    producer = {o: n for n in graph.node for o in n.output if o}
-    needed, todo, leaves = [], [name], set()
-    while todo:
-        value = todo.pop()
-        if value in inits:
-            leaves.add(value)
-            continue
-        node = producer.get(value)
-        if node is None:
-            raise RuntimeError(f"{name} depends on the graph input {value}, not on weights alone")
-        if node not in needed:
-            needed.append(node)
-            todo.extend(i for i in node.input if i)
-    order = {id(n): i for i, n in enumerate(graph.node)}
-    needed.sort(key=lambda n: order[id(n)])
-    sub = onnx.helper.make_graph(
-        needed,
-        "constant",
-        [],
-        [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)],
-        [inits[leaf] for leaf in sorted(leaves)],
-    )
-    values: list[Any] = list(
-        ReferenceEvaluator(onnx.helper.make_model(sub, opset_imports=model.opset_import)).run(None, {})
-    )
-    return values[0]
-
-
-def _drop_dead(graph: onnx.GraphProto) -> None:
-    """Nodes and initializers nothing reads any more (after a rewrite took their reader)."""
-    outputs = {o.name for o in graph.output}
-    while True:
-        read = {i for n in graph.node for i in n.input} | outputs
-        dead = [n for n in graph.node if not any(o in read for o in n.output)]
-        if not dead:
-            break
-        for node in dead:
-            graph.node.remove(node)
-    for tensor in [t for t in graph.initializer if t.name not in read]:
-        graph.initializer.remove(tensor)
+    return expand_placeholders(model)

@@ -8,7 +8,6 @@ custom_translation_table is the route to onnxruntime's com.microsoft fused opera
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -21,7 +20,6 @@ import onnx
 import torch
 import torch.fx.experimental._config
 
-from ..graphs.contract import input_specs, output_specs
 from ..graphs.files import save_onnx
 from ..models.ops import fused_ops, onnx_translations
 from .trace import GraphModule
@@ -44,8 +42,7 @@ def export_program(
     # decode, batch 1) must not be specialized away from the example sizes.
     _quiet_exporter_logs()
     oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]
-    fused_ctx = fused_ops() if fused else contextlib.nullcontext()
-    with warnings.catch_warnings(), oblivious, fused_ctx:
+    with warnings.catch_warnings(), oblivious, fused_ops(module, fused):
         warnings.simplefilter("ignore")
         return torch.export.export(
             module, args, dynamic_shapes=dyn, strict=False, prefer_deferred_runtime_asserts_over_guards=True
@@ -57,22 +54,8 @@ def to_onnx(
 ) -> tuple[onnx.ModelProto, dict[str, Any] | None]:
     """Write the program as ONNX at `path`; `fuse_norms` runs the RMSNorm fusion (fuse.py) and
     returns what it did (None when it did not run)."""
-    cfg = module.model.config
-    ins, outs = input_specs(cfg), output_specs(cfg)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        onnx_program = torch.onnx.export(
-            program,
-            input_names=[s.name for s in ins],
-            output_names=[s.name for s in outs],
-            opset_version=OPSET,
-            dynamo=True,
-            optimize=True,
-            custom_translation_table=onnx_translations(),  # type: ignore[arg-type]
-            verbose=False,
-        )
-    assert onnx_program is not None
-    model = onnx_program.model_proto
+    ins, outs = list(module.contract.inputs), list(module.contract.outputs)
+    model = program_to_onnx(program, [s.name for s in ins], [s.name for s in outs])
     _name_dims(model, {s.name: s.dims for s in ins + outs})
     _name_nodes(model)
     model.producer_name = "hybridrt"
@@ -92,6 +75,26 @@ def to_onnx(
     save_onnx(model, path, external=n_bytes > EXTERNAL_DATA_THRESHOLD)
     check_graph(path)
     return model, fusion
+
+
+def program_to_onnx(
+    program: torch.export.ExportedProgram, input_names: list[str], output_names: list[str]
+) -> onnx.ModelProto:
+    """torch.onnx's dynamo exporter at OPSET, with the fused ops' translations."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        onnx_program = torch.onnx.export(
+            program,
+            input_names=input_names,
+            output_names=output_names,
+            opset_version=OPSET,
+            dynamo=True,
+            optimize=True,
+            custom_translation_table=onnx_translations(),  # type: ignore[arg-type]
+            verbose=False,
+        )
+    assert onnx_program is not None
+    return onnx_program.model_proto
 
 
 def check_graph(path: str | Path) -> None:
@@ -132,17 +135,16 @@ def _name_dims(model: onnx.ModelProto, dims: dict[str, tuple[object, ...]]) -> N
                 dim.dim_param = want
 
 
-_MODULE = re.compile(r"^(?:model\.)?(.+?):")
-
-
-def _name_nodes(model: onnx.ModelProto) -> None:
-    """Deterministic hierarchical names such as /model/layers.3/mixer/in_proj/MatMul."""
+def _name_nodes(model: onnx.ModelProto, root: str = "model.") -> None:
+    """Deterministic hierarchical names such as /model/layers.3/mixer/in_proj/MatMul; `root`
+    is the traced module's attribute that holds the model (stripped from the scopes)."""
+    pattern = re.compile(rf"^(?:{re.escape(root)})?(.+?):")
     seen: dict[str, int] = {}
     for node in model.graph.node:
         meta = {p.key: p.value for p in node.metadata_props}
         path = ""
         for part in meta.get("namespace", "").split("/")[:-1]:
-            m = _MODULE.match(part.strip())
+            m = pattern.match(part.strip())
             if m and m.group(1).startswith(("model.", "lm_head")):
                 path = m.group(1)
         parts: list[str] = []

@@ -28,10 +28,14 @@ States by mixer kind (layer index i), as `hybridrt.kinds.LAYER_KINDS` declares t
   (docs/adding-an-architecture.md lists every kind.)
 A fresh sequence starts from zeros and past_lengths 0; `capacity` is the runtime's choice
 (at least the tokens a row will hold, at most the model's max length).
+
+`GraphContract.of(cfg)` holds one model's contract; an export builds it once and hands it to
+tracing, the graph writer, the manifest and the parity check.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -100,6 +104,76 @@ def input_specs(cfg: HybridConfig) -> list[TensorSpec]:
 
 def output_specs(cfg: HybridConfig) -> list[TensorSpec]:
     return [TensorSpec("logits", ("batch", "n_logits", cfg.vocab_size), "float32", "logits")] + present_specs(cfg)
+
+
+@dataclass(frozen=True)
+class GraphContract:
+    """One model's graph contract, built once from its config (`GraphContract.of`) and handed
+    to everything that traces, writes, checks or feeds the graph: the inputs and outputs in
+    graph order, with the pasts and presents among them. Zero or random states for it come
+    from `models.state` (torch) or `graphs.feeds.zero_states` (numpy)."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @classmethod
+    def of(cls, cfg: HybridConfig) -> GraphContract:
+        return cls(tuple(input_specs(cfg)), tuple(output_specs(cfg)))
+
+    @property
+    def pasts(self) -> tuple[TensorSpec, ...]:
+        return tuple(s for s in self.inputs if s.name.startswith("past."))
+
+    @property
+    def presents(self) -> tuple[TensorSpec, ...]:
+        return tuple(s for s in self.outputs if s.name.startswith("present."))
+
+    @property
+    def input_names(self) -> list[str]:
+        return [s.name for s in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [s.name for s in self.outputs]
+
+    @property
+    def takes_lengths(self) -> bool:
+        """Whether the graph takes past_lengths (a model with attention)."""
+        return any(s.name == "past_lengths" for s in self.inputs)
+
+    @property
+    def head_inputs(self) -> tuple[TensorSpec, ...]:
+        """The inputs before the pasts: input_ids, [past_lengths,] logit_positions."""
+        return tuple(s for s in self.inputs if not s.name.startswith("past."))
+
+    def layer_pasts(self, layer: int) -> tuple[TensorSpec, ...]:
+        return tuple(s for s in self.pasts if s.layer == layer)
+
+    def layer_presents(self, layer: int) -> tuple[TensorSpec, ...]:
+        return tuple(s for s in self.presents if s.layer == layer)
+
+    def state_metadata(self) -> dict[str, str]:
+        """The state description every layout writes into the ONNX model's metadata_props
+        (the proposed inference-metadata convention: state pairs, not names): which input
+        pairs with which output, its kind, layer, dims, dtype and reset value."""
+        states = [
+            {
+                "input": past.name,
+                "output": present.name,
+                "kind": past.kind,
+                "layer": past.layer,
+                "dims": list(past.dims),
+                "dtype": past.dtype,
+                "reset": "zeros; positions past each row's past_lengths are not read" if past.is_kv else "zeros",
+            }
+            for past, present in zip(self.pasts, self.presents)
+        ]
+        return {"hybridrt.layout": "hybridrt", "hybridrt.states": json.dumps(states)}
+
+    @property
+    def kv(self) -> list[bool]:
+        """Per past, whether it is a KV buffer (a capacity axis)."""
+        return [s.is_kv for s in self.pasts]
 
 
 def present_name(past_name: str) -> str:

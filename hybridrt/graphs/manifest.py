@@ -79,6 +79,13 @@ class Manifest:
     def presents(self) -> list[TensorSpec]:
         return [s for s in self.outputs if s.name.startswith("present.")]
 
+    @property
+    def recurrent(self) -> bool:
+        """Whether any state is recurrent (conv, SSM: a fixed size that every token updates).
+        Without one, forgetting the last tokens is only setting the lengths back: their keys and
+        values stay in the KV buffers, unread; with one, it needs the states from before them."""
+        return any(not s.is_kv for s in self.pasts)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,

@@ -5,21 +5,15 @@ Weights come only from safetensors: nothing is unpickled and no checkpoint code 
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import re
 from pathlib import Path
 from typing import Any
-
-import torch
-from safetensors import safe_open
 
 from ..config import HybridConfig
 from ..errors import CheckpointError
 from .model import HybridForCausalLM
 from .registry import Family, get_family
-
-_LEGACY_EXPERT = re.compile(r"^(.*\.ffn\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+from .weights import Weights
 
 
 def read_hf_config(src: Path) -> dict[str, Any]:
@@ -56,17 +50,16 @@ def check_sizes(cfg: HybridConfig, src: Path) -> None:
     every float a finite number: a config.json field of the wrong JSON type is named here."""
     import math
 
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.type in ("int", "int | None") and value is not None:
-            low = 1 if f.name in POSITIVE else 0
+    for name, ftype, value in cfg.typed_fields():  # the kinds' and the family's parameters too
+        if ftype in ("int", "int | None") and value is not None:
+            low = 1 if name in POSITIVE else 0
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise CheckpointError(_field_message(src, f.name, value, f"an integer >= {low}"))
-        elif f.type in ("float", "float | None") and value is not None:
+                raise CheckpointError(_field_message(src, name, value, f"an integer >= {low}"))
+        elif ftype in ("float", "float | None") and value is not None:
             if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-                raise CheckpointError(_field_message(src, f.name, value, "a finite number"))
-        elif f.type == "bool" and not isinstance(value, bool):
-            raise CheckpointError(_field_message(src, f.name, value, "true or false"))
+                raise CheckpointError(_field_message(src, name, value, "a finite number"))
+        elif ftype == "bool" and not isinstance(value, bool):
+            raise CheckpointError(_field_message(src, name, value, "true or false"))
 
 
 POSITIVE = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "max_position_embeddings")
@@ -105,66 +98,20 @@ def weight_files(src: Path) -> list[Path]:
     return files
 
 
-def read_tensors(files: list[Path], family: Family, cfg: HybridConfig) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
-    for path in files:
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():
-                    if not family.ignored(name):
-                        ours = family.rename(name, cfg)
-                        tensor = f.get_tensor(name)
-                        tensors[ours] = tensor if family.convert is None else family.convert(ours, tensor, cfg)
-        except Exception as e:  # safetensors raises its own error types for corrupt files
-            raise CheckpointError(f"cannot read {path}: {e} (the file is truncated or not safetensors)") from None
-    return _stack_legacy_experts(tensors)
-
-
-def _stack_legacy_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Per-expert `experts.{e}.{gate,up,down}_proj` tensors -> stacked gate_up_proj / down_proj."""
-    groups: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
-    for name in [n for n in tensors if _LEGACY_EXPERT.match(n)]:
-        m = _LEGACY_EXPERT.match(name)
-        assert m is not None
-        groups.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = tensors.pop(name)
-    for prefix, experts in groups.items():
-        order = [experts[e] for e in sorted(experts)]
-        tensors[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([x["gate_proj"], x["up_proj"]]) for x in order])
-        tensors[f"{prefix}.down_proj"] = torch.stack([x["down_proj"] for x in order])
-    return tensors
+def open_weights(src: str | Path) -> Weights:
+    """The checkpoint's weights, read one tensor at a time (models.weights); use it as a
+    context manager. Its names and shapes are checked against the config on entry."""
+    src = Path(src)
+    cfg, family, hf = load_config(src)
+    return Weights(src, cfg, family, hf, weight_files(src))
 
 
 def load_model(src: str | Path) -> tuple[HybridForCausalLM, dict[str, Any]]:
     """Build the reference model from a checkpoint directory (float32, eval mode)."""
-    src = Path(src)
-    cfg, family, hf = load_config(src)
-    tensors = read_tensors(weight_files(src), family, cfg)
-    try:
-        model = HybridForCausalLM(cfg)
-    except (TypeError, ValueError, RuntimeError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{src}: config.json describes a model that cannot be built ({e})") from None
-    expected = model.state_dict()
-    if cfg.tie_word_embeddings:
-        tensors.pop("lm_head.weight", None)
-        expected.pop("lm_head.weight", None)
-    missing = [k for k in expected if k not in tensors]
-    unexpected = [k for k in tensors if k not in expected]
-    if missing:
-        raise CheckpointError(
-            f"{src}: weights missing for {len(missing)} parameters, e.g. {', '.join(missing[:4])} "
-            "(config.json and the safetensors files do not describe the same model)"
-        )
-    if unexpected:
-        raise CheckpointError(
-            f"{src}: {len(unexpected)} tensors the {cfg.model_type} config does not account for, "
-            f"e.g. {', '.join(unexpected[:4])}"
-        )
-    for name, ref in expected.items():
-        if tuple(tensors[name].shape) != tuple(ref.shape):
-            raise CheckpointError(
-                f"{src}: tensor {name} has shape {tuple(tensors[name].shape)} but config.json implies "
-                f"{tuple(ref.shape)}; the config and the weights do not match"
-            )
-    model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
+    with open_weights(src) as weights:
+        state = {name: weights[name] for name in weights.names() if name in weights.shapes}
+        cfg, hf = weights.cfg, weights.hf
+    model = HybridForCausalLM(cfg)  # open_weights built it on the meta device already
+    model.load_state_dict(state, strict=False)
     model.eval()
     return model, hf

@@ -5,7 +5,8 @@ Glossary: b batch, l sequence length, d hidden size, Hk key heads, H value heads
 (each key head serves H / Hk consecutive value heads), K key head dim, V value head dim,
 k conv kernel, conv_dim = 2 Hk K + H V. Mirrors transformers' `Qwen3NextGatedDeltaNet` and
 `Qwen3_5GatedDeltaNet` (torch path): q, k l2-normalized, q scaled by K^-1/2,
-beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias).
+beta = sigmoid(b) (times gdn_beta_scale: OLMo Hybrid's `OlmoHybridGatedDeltaNet` doubles
+it), g = -exp(A_log) softplus(a + dt_bias).
 States: conv [b, conv_dim, k-1]; ssm [b, H, K, V] (transformers' and onnxruntime's layout).
 """
 
@@ -17,7 +18,7 @@ from torch import nn
 
 from ..config import HybridConfig
 from .context import MixerContext
-from .ops import causal_conv, gated_delta
+from .ops import UsesFusedOps, causal_conv, gated_delta
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -42,7 +43,7 @@ class NormGated(nn.Module):
         return (h * F.silu(z.float())).to(dtype)
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(UsesFusedOps, nn.Module):
     """x [b, l, d], conv [b, conv_dim, k-1], ssm [b, H, K, V] -> (y [b, l, d], conv', ssm').
 
     Weights: Qwen3-Next's in_proj_qkvz [Hk (2K + 2 (H/Hk) V), d] and in_proj_ba [2H, d], rows
@@ -70,7 +71,8 @@ class GatedDeltaNet(nn.Module):
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, k, groups=self.conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(self.H))
         self.A_log = nn.Parameter(torch.zeros(self.H))
-        self.norm = NormGated(self.V, cfg.rms_norm_eps)
+        self.norm = NormGated(self.V, cfg.gdn_norm_eps if cfg.gdn_norm_eps is not None else cfg.rms_norm_eps)
+        self.beta_scale = cfg.gdn_beta_scale
         self.out_proj = nn.Linear(self.value_dim, d, bias=False)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -92,7 +94,9 @@ class GatedDeltaNet(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         bsz, l = x.shape[0], x.shape[1]
         qkv, z, b, a = self._project(x)
-        qkv, conv_state = causal_conv(qkv.transpose(1, 2), conv_state, self.conv1d.weight, None, silu=True)
+        qkv, conv_state = causal_conv(
+            qkv.transpose(1, 2), conv_state, self.conv1d.weight, None, silu=True, fused=self.fused
+        )
         qkv = qkv.transpose(1, 2)  # [b, l, conv_dim]
         q, k, v = torch.split(qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = l2norm(q.reshape(bsz, l, self.Hk, self.K).float()) * self.K**-0.5
@@ -102,7 +106,9 @@ class GatedDeltaNet(nn.Module):
             k = k.repeat_interleave(self.rep, dim=2)
         v = v.reshape(bsz, l, self.H, self.V).float()
         beta = torch.sigmoid(b.float())
+        if self.beta_scale != 1.0:  # OLMo's allow_neg_eigval: beta in [0, 2]
+            beta = beta * self.beta_scale
         g = -torch.exp(self.A_log.float()) * F.softplus(a.float() + self.dt_bias)
-        y, ssm_state = gated_delta(q, k, v, g, beta, ssm_state, self.chunk, self.max_len)
+        y, ssm_state = gated_delta(q, k, v, g, beta, ssm_state, self.chunk, self.max_len, fused=self.fused)
         y = self.norm(y.to(x.dtype), z)  # [b, l, H, V]
         return self.out_proj(y.reshape(bsz, l, self.value_dim)), conv_state, ssm_state

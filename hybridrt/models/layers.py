@@ -7,13 +7,14 @@ d hidden size, h heads, h_kv key/value heads, hd head dim, E experts, f intermed
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import nn
 
 from ..config import HybridConfig
 from .context import MixerContext
-from .ops import attend
+from .ops import UsesFusedOps, attend, moe
 
 
 class RMSNorm(nn.Module):
@@ -53,7 +54,7 @@ class MLP(nn.Module):
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
-class MoE(nn.Module):
+class MoE(UsesFusedOps, nn.Module):
     """Top-k mixture of gated-MLP experts (softmax router; Jamba keeps the top-k weights as they
     are, Granite renormalizes them, which equals a softmax over the top-k logits).
 
@@ -68,11 +69,17 @@ class MoE(nn.Module):
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.moe_renormalize
         self.router = nn.Linear(d, e, bias=False)
         self.experts = nn.Module()
-        self.experts.gate_up_proj = nn.Parameter(torch.zeros(e, 2 * f, d))
-        self.experts.down_proj = nn.Parameter(torch.zeros(e, d, f))
+        self.experts.gate_up_proj = nn.Parameter(nn.init.zeros_(torch.empty(e, 2 * f, d)))
+        self.experts.down_proj = nn.Parameter(nn.init.zeros_(torch.empty(e, d, f)))
         self.act = activation(cfg.hidden_act)
+        self.silu = cfg.hidden_act == "silu"  # what onnxruntime's MoE computes (ops.moe)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused and self.silu:
+            flat = x.reshape(-1, x.shape[-1])  # [b*l, d]: the op routes each token on its own
+            gate_up, down = cast(torch.Tensor, self.experts.gate_up_proj), cast(torch.Tensor, self.experts.down_proj)
+            y = moe(flat, self.router(flat), gate_up, down, self.top_k, self.renormalize, fused=True)
+            return y.reshape(x.shape)
         probs = torch.softmax(self.router(x).float(), dim=-1)  # [b, l, E]
         top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
@@ -106,7 +113,7 @@ def rope_inv_freq(cfg: HybridConfig) -> torch.Tensor:
     return inv
 
 
-class Attention(nn.Module):
+class Attention(UsesFusedOps, nn.Module):
     """Grouped-query causal attention with optional RoPE over fixed-size KV buffers.
 
     x [b, l, d]; ctx.past_lengths [b], ctx.cos/sin [b, l, rd] or None; past_k/past_v
@@ -134,7 +141,7 @@ class Attention(nn.Module):
         self, x: torch.Tensor, ctx: MixerContext, past_k: torch.Tensor, past_v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, l, _ = x.shape
-        h, h_kv, hd = self.h, self.h_kv, self.hd
+        h, hd = self.h, self.hd
         gate = None
         if self.output_gate:
             q4, gate = self.q_proj(x).view(b, l, h, 2 * hd).chunk(2, dim=-1)
@@ -143,12 +150,18 @@ class Attention(nn.Module):
             q = self.q_proj(x)  # token-major [b, l, h hd], as GroupQueryAttention takes it
         k, v = self.k_proj(x), self.v_proj(x)
         if self.qk_norm:
-            q = self.q_norm(q.view(b, l, h, hd)).reshape(b, l, h * hd)
-            k = self.k_norm(k.view(b, l, h_kv, hd)).reshape(b, l, h_kv * hd)
-        y, k, v = attend(q, k, v, past_k, past_v, ctx, self.scale)
+            q, k = self.norm_qk(q, k)
+        y, k, v = attend(q, k, v, past_k, past_v, ctx, self.scale, fused=self.fused)
         if gate is not None:
             y = y * torch.sigmoid(gate)
         return self.o_proj(y), k, v
+
+    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [b, l, h hd], k [b, l, h_kv hd] -> the same, RMSNorm over each head."""
+        b, l = q.shape[0], q.shape[1]
+        q = self.q_norm(q.view(b, l, self.h, self.hd)).reshape(b, l, self.h * self.hd)
+        k = self.k_norm(k.view(b, l, self.h_kv, self.hd)).reshape(b, l, self.h_kv * self.hd)
+        return q, k
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

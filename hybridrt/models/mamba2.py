@@ -15,7 +15,7 @@ from torch import nn
 
 from ..config import HybridConfig
 from .context import MixerContext
-from .ops import causal_conv, ssd_scan
+from .ops import UsesFusedOps, causal_conv, ssd_scan
 
 
 class GatedRMSNorm(nn.Module):
@@ -40,7 +40,7 @@ class GatedRMSNorm(nn.Module):
         return self.weight * h.view(shape).to(dtype)
 
 
-class Mamba2Mixer(nn.Module):
+class Mamba2Mixer(UsesFusedOps, nn.Module):
     """x [b, l, d], conv [b, conv_dim, k-1], ssm [b, H, n, P] -> (y [b, l, d], conv', ssm')."""
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
@@ -65,14 +65,16 @@ class Mamba2Mixer(nn.Module):
         """xs [b, l, d_inner], dt [b, l, H] (after softplus), B, C [b, l, G n] -> (scan output
         plus the D skip [b, l, d_inner], ssm'), all in the packed channel layout."""
         A = -torch.exp(self.A_log.float())  # [H]
-        y, ssm_state = ssd_scan(xs, dt, A, B, C, ssm_state, self.chunk, self.max_len)
+        y, ssm_state = ssd_scan(xs, dt, A, B, C, ssm_state, self.chunk, self.max_len, fused=self.fused)
         return y + xs * self.D.repeat_interleave(self.P), ssm_state
 
     def forward(
         self, x: torch.Tensor, ctx: MixerContext, conv_state: torch.Tensor, ssm_state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         z, xbc, dt = torch.split(self.in_proj(x), [self.d_inner, self.conv_dim, self.H], dim=-1)
-        xbc, conv_state = causal_conv(xbc.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias, silu=True)
+        xbc, conv_state = causal_conv(
+            xbc.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias, silu=True, fused=self.fused
+        )
         xbc = xbc.transpose(1, 2)  # [b, l, conv_dim]
         xs, B, C = torch.split(xbc, [self.d_inner, self.G * self.n, self.G * self.n], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # [b, l, H]

@@ -53,8 +53,40 @@ class Block(nn.Module):
         self.ffn_norm: nn.Module | None = None
         ffn = FFN_KINDS[cfg.ffn_types[layer]]
         if ffn is not None:
-            self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-            self.ffn = _resolve(ffn)(cfg, layer)
+            cls = _resolve(ffn)
+            # A feed-forward class with `prenorm = False` norms its own output instead (OLMo).
+            if getattr(cls, "prenorm", True):
+                self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.ffn = cls(cfg, layer)
+        self.residual_multiplier = cfg.residual_multiplier
+
+    def forward(
+        self, x: torch.Tensor, r: torch.Tensor | None, ctx: MixerContext, states: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """x [b, l, d] the residual stream, r [b, l, d] the previous block's output not yet added
+        to it (None before the first block) -> (x, r, presents).
+
+        The last addition of each block is left to the next one (and to the LM head's norm), so
+        that each residual Add sits in front of the norm that reads it: that is the pair
+        onnxruntime fuses into one SkipSimplifiedLayerNormalization, and it keeps a block's
+        graph whole, from its input Add to its output, for export one block at a time."""
+        if r is not None:
+            x, r = x + r, None
+        present: list[torch.Tensor] = []
+        if self.mixer is not None:
+            hin = self.input_norm(x) if self.input_norm is not None else x
+            h, *present = self.mixer(hin, ctx, *states)
+            r = self._residual(h)
+        if self.ffn is not None:
+            if r is not None:
+                x = x + r
+            r = self._residual(self.ffn(self.ffn_norm(x) if self.ffn_norm is not None else x))
+        assert r is not None, "a layer has a mixer, a feed-forward or both"
+        return x, r, present
+
+    def _residual(self, h: torch.Tensor) -> torch.Tensor:
+        m = self.residual_multiplier
+        return h if m == 1.0 else h * m
 
 
 class HybridModel(nn.Module):
@@ -108,11 +140,27 @@ class HybridForCausalLM(nn.Module):
         states: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         b, l = input_ids.shape
-        cfg = self.config
         if states is None:
-            states = zero_states(cfg, b, l)
+            states = zero_states(self.config, b, l)
         if past_lengths is None:
             past_lengths = torch.zeros(b, dtype=torch.long)
+        x, ctx = self.embed(input_ids, past_lengths)
+        r: torch.Tensor | None = None
+        out: list[torch.Tensor] = []
+        i = 0
+        for layer in self.model.layers:
+            block = cast(Block, layer)
+            x, r, present = block(x, r, ctx, states[i : i + block.n_states])
+            out += present
+            i += block.n_states
+        assert r is not None
+        return self.head(x, r, logit_positions), out
+
+    def embed(self, input_ids: torch.Tensor, past_lengths: torch.Tensor) -> tuple[torch.Tensor, MixerContext]:
+        """input_ids [b, l], past_lengths [b] -> the scaled embeddings x [b, l, d] and the
+        context every layer of this call reads."""
+        l = input_ids.shape[1]
+        cfg = self.config
         x = self.model.embed_tokens(input_ids)
         if cfg.embedding_multiplier != 1.0:
             x = x * cfg.embedding_multiplier
@@ -122,27 +170,15 @@ class HybridForCausalLM(nn.Module):
             cos, sin = rope_cos_sin(self.inv_freq, positions)
         tables = (self.rope_cos, self.rope_sin) if self.rope_cos is not None and self.rope_sin is not None else None
         lengths = attention_lengths(past_lengths, l) if cfg.has_attention else None
-        ctx = MixerContext(past_lengths if cfg.has_attention else None, cos, sin, x, tables, lengths)
-        out: list[torch.Tensor] = []
-        i = 0
-        for layer in self.model.layers:
-            block = cast(Block, layer)
-            if block.mixer is not None:
-                hin = block.input_norm(x) if block.input_norm is not None else x
-                h, *present = block.mixer(hin, ctx, *states[i : i + block.n_states])
-                out += present
-                i += block.n_states
-                x = x + self._residual(h)
-            if block.ffn is not None and block.ffn_norm is not None:
-                x = x + self._residual(block.ffn(block.ffn_norm(x)))
-        x = self.model.norm(x)  # before the selection, so the final residual Add fuses into it
+        return x, MixerContext(past_lengths if cfg.has_attention else None, cos, sin, x, tables, lengths)
+
+    def head(self, x: torch.Tensor, r: torch.Tensor, logit_positions: torch.Tensor | None) -> torch.Tensor:
+        """The residual stream x and the last block's output r [b, l, d] -> logits [b, n, v] at
+        logit_positions (every position when None)."""
+        x = self.model.norm(x + r)  # before the selection, so the final residual Add fuses into it
         if logit_positions is not None:
             x = x.index_select(1, logit_positions)  # only these positions reach the LM head
         logits = self.lm_head(x)
-        if cfg.logits_scaling != 1.0:
-            logits = logits / cfg.logits_scaling
-        return logits, out
-
-    def _residual(self, h: torch.Tensor) -> torch.Tensor:
-        m = self.config.residual_multiplier
-        return h if m == 1.0 else h * m
+        if self.config.logits_scaling != 1.0:
+            logits = logits / self.config.logits_scaling
+        return logits

@@ -3,7 +3,8 @@
 A family is one module under `families/` that calls `register`: `discover()` imports every
 module there (no list to edit) and any distribution's `hybridrt.families` entry point, so a
 family outside this package registers the same way. No family imports another; what they
-share is in `models.translate`. Torch-free: translating a config needs no model code.
+share is in `models.translate`. Torch-free: translating a config needs no model code (a
+merge's combine imports torch when the loader calls it).
 """
 
 from __future__ import annotations
@@ -15,8 +16,65 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import HybridConfig
+from ..config import HybridConfig, register_family_params
 from ..errors import UnsupportedArchitectureError
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Several checkpoint tensors that make one of our parameters together (per-expert
+    tensors stacked into one, separate q, k and v projections concatenated).
+
+    `pattern` is a regex over our names, after the renames and rename_layer; `target` and
+    `part` are its replacement templates for the parameter's name and for the part's key (as
+    re.Match.expand writes them). `combine(parts, cfg)` makes the parameter from {part key:
+    tensor}, each part read (and converted) as any tensor is.
+    """
+
+    pattern: str
+    target: str
+    part: str
+    combine: Callable[[dict[str, Any], HybridConfig], Any]
+
+    def match(self, name: str) -> tuple[str, str] | None:
+        """(the parameter's name, the part's key) when `name` is a part of this merge."""
+        m = re.match(self.pattern, name)
+        return None if m is None else (m.expand(self.target), m.expand(self.part))
+
+
+def _stack_gate_up(parts: dict[str, Any], cfg: HybridConfig) -> Any:
+    """{"<e>.gate_proj": [f, d], "<e>.up_proj": [f, d]} -> [E, 2f, d], experts in order."""
+    import torch
+
+    experts = sorted({int(k.split(".")[0]) for k in parts})
+    return torch.stack([torch.cat([parts[f"{e}.gate_proj"], parts[f"{e}.up_proj"]]) for e in experts])
+
+
+def _stack_down(parts: dict[str, Any], cfg: HybridConfig) -> Any:
+    """{"<e>": [d, f]} -> [E, d, f], experts in order."""
+    import torch
+
+    return torch.stack([parts[k] for k in sorted(parts, key=int)])
+
+
+def concat(order: tuple[str, ...]) -> Callable[[dict[str, Any], HybridConfig], Any]:
+    """A combine that concatenates the parts along the first axis, in `order` of their keys."""
+
+    def combine(parts: dict[str, Any], cfg: HybridConfig) -> Any:
+        import torch
+
+        return torch.cat([parts[k] for k in order])
+
+    return combine
+
+
+# Per-expert gate/up/down tensors (released Jamba, LFM2-MoE and Qwen3-Next files) stacked into the
+# MoE's experts.gate_up_proj [E, 2f, d] and experts.down_proj [E, d, f]. Every family has it
+# unless it declares its own merges.
+LEGACY_EXPERTS = (
+    Merge(r"^(.*\.ffn\.experts)\.(\d+)\.(gate_proj|up_proj)\.weight$", r"\1.gate_up_proj", r"\2.\3", _stack_gate_up),
+    Merge(r"^(.*\.ffn\.experts)\.(\d+)\.down_proj\.weight$", r"\1.down_proj", r"\2", _stack_down),
+)
 
 
 @dataclass(frozen=True)
@@ -27,7 +85,8 @@ class Family:
     `ignore` are regexes of checkpoint tensors that carry nothing we need (rotary caches).
     `rename_layer(name, cfg)` runs after the renames, for names that depend on the layer's
     kind; `convert(name, tensor, cfg)` rewrites a tensor once named (e.g. a norm stored as
-    weight - 1). Both are optional.
+    weight - 1); `merges` make one parameter of several tensors. `params` is the frozen
+    dataclass of the parameters this family alone reads (HybridConfig.family_params).
     """
 
     model_type: str
@@ -36,6 +95,8 @@ class Family:
     ignore: tuple[str, ...] = ()
     rename_layer: Callable[[str, HybridConfig], str] | None = None
     convert: Callable[[str, Any, HybridConfig], Any] | None = None
+    merges: tuple[Merge, ...] = LEGACY_EXPERTS
+    params: type | None = None
 
     def rename(self, name: str, cfg: HybridConfig | None = None) -> str:
         for pattern, repl in self.renames:
@@ -47,11 +108,21 @@ class Family:
     def ignored(self, name: str) -> bool:
         return any(re.search(p, name) for p in self.ignore)
 
+    def merge_of(self, name: str) -> tuple[Merge, str, str] | None:
+        """(the merge, its parameter's name, the part's key) when `name` is a merge's part."""
+        for merge in self.merges:
+            found = merge.match(name)
+            if found is not None:
+                return merge, *found
+        return None
+
 
 FAMILIES: dict[str, Family] = {}
 
 
 def register(family: Family) -> Family:
+    if family.params is not None:
+        register_family_params(family.model_type, family.params)
     FAMILIES[family.model_type] = family
     return family
 

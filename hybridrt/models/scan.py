@@ -80,6 +80,14 @@ def _segsum(x: torch.Tensor) -> torch.Tensor:
     return torch.where(below | (idx.unsqueeze(1) == idx.unsqueeze(0)), torch.exp(sums), torch.zeros((), dtype=x.dtype))
 
 
+CHUNK_STATES = 16
+
+
+def _eager(n: object) -> bool:
+    """True when running eagerly (a concrete size, no TorchScript trace, no torch.export)."""
+    return isinstance(n, int) and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
+
+
 def ssd_scan(
     xdt: torch.Tensor,
     log_decay: torch.Tensor,
@@ -125,7 +133,16 @@ def ssd_scan(
     # 3. Across chunks: h_end[k] = exp(total_k) h_end[k-1] + states[k] from h0, by the same
     # fixed-depth scan as Mamba1 (no [c, c] matrix whose size the trace could specialize).
     totals = torch.exp(cs[..., -1]).permute(0, 2, 1)[..., None, None].expand_as(states)  # [b, c, H, P, n]
-    ends, last = linear_scan(totals, states, h0, chunk, max(1, -(-max_len // chunk)))
+    # The chunk states are few (l / L of them): they are scanned in blocks of CHUNK_STATES, not
+    # padded to a whole chunk of L (at L = 256 that padding was most of a long prompt's time).
+    if _eager(n_chunks):  # running, not tracing: the few chunk states one after another
+        ends_list, last = [], h0
+        for k in range(n_chunks):
+            last = totals[:, k] * last + states[:, k]
+            ends_list.append(last)
+        ends = torch.stack(ends_list, dim=1)
+    else:
+        ends, last = linear_scan(totals, states, h0, CHUNK_STATES, max(1, -(-max_len // chunk)))
     starts = torch.cat([h0.unsqueeze(1), ends[:, :-1]], dim=1)  # [b, c, H, P, n]
     # 4. What each chunk's start state contributes to its outputs.
     from_start = torch.exp(cs).permute(0, 2, 3, 1).unsqueeze(-1)  # [b, c, L, H, 1]

@@ -11,10 +11,10 @@ from torch import nn
 
 from ..config import HybridConfig
 from .context import MixerContext
-from .ops import causal_conv
+from .ops import UsesFusedOps, causal_conv
 
 
-class ShortConv(nn.Module):
+class ShortConv(UsesFusedOps, nn.Module):
     """x [b, l, d], conv [b, d, k-1] -> (y [b, l, d], conv')."""
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
@@ -28,5 +28,5 @@ class ShortConv(nn.Module):
         self, x: torch.Tensor, ctx: MixerContext, conv_state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         B, C, xs = self.in_proj(x).transpose(1, 2).chunk(3, dim=1)  # [b, d, l] each
-        y, conv_state = causal_conv(B * xs, conv_state, self.conv.weight, self.conv.bias)
+        y, conv_state = causal_conv(B * xs, conv_state, self.conv.weight, self.conv.bias, fused=self.fused)
         return self.out_proj((C * y).transpose(1, 2)), conv_state

@@ -39,8 +39,8 @@ class SigmoidMoE(nn.Module):
         else:
             self.expert_bias = None
         self.experts = nn.Module()
-        self.experts.gate_up_proj = nn.Parameter(torch.zeros(e, 2 * f, d))
-        self.experts.down_proj = nn.Parameter(torch.zeros(e, d, f))
+        self.experts.gate_up_proj = nn.Parameter(nn.init.zeros_(torch.empty(e, 2 * f, d)))
+        self.experts.down_proj = nn.Parameter(nn.init.zeros_(torch.empty(e, d, f)))
         self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -268,7 +268,8 @@ def lfm2_fields(model_type: str, hf: dict[str, Any], heads: int) -> dict[str, An
         "num_attention_heads": heads,
         "num_key_value_heads": hf.get("num_key_value_heads") or heads,
         "rms_norm_eps": hf.get("norm_eps", 1e-5),
-        "tie_word_embeddings": hf.get("tie_word_embeddings", hf.get("tie_embedding", True)),
+        # the released spelling `tie_embedding` wins when a file has both, as in transformers
+        "tie_word_embeddings": hf["tie_embedding"] if "tie_embedding" in hf else hf.get("tie_word_embeddings", True),
         "max_position_embeddings": hf.get("max_position_embeddings", 128000),
         "qk_norm": True,
         "conv_kernel": hf.get("conv_L_cache", 3),

@@ -28,7 +28,7 @@ from ..config import HybridConfig
 from .context import MixerContext
 from .layers import RMSNorm, activation
 from .mamba2 import Mamba2Mixer
-from .ops import attend
+from .ops import UsesFusedOps, attend
 
 KIND = "zamba2_hybrid"
 
@@ -70,7 +70,7 @@ def _adapter(n_in: int, rank: int, n_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(n_in, rank, bias=False), nn.Linear(rank, n_out, bias=False))
 
 
-class Zamba2Hybrid(nn.Module):
+class Zamba2Hybrid(UsesFusedOps, nn.Module):
     """x [b, l, d] (raw: the kind has no pre-norm), ctx (past_lengths, cos/sin, embeds),
     key/value [b, h_kv, C, hd], conv, ssm -> (y [b, l, d], key', value' [b, h_kv, C, hd], conv', ssm')."""
 
@@ -106,7 +106,7 @@ class Zamba2Hybrid(nn.Module):
         q, k, v = proj.q_proj(x), proj.k_proj(x), proj.v_proj(x)
         if self.attention_adapter:
             q, k, v = q + self.q_adapter(x), k + self.k_adapter(x), v + self.v_adapter(x)
-        y, k, v = attend(q, k, v, past_k, past_v, ctx, self.scale)
+        y, k, v = attend(q, k, v, past_k, past_v, ctx, self.scale, fused=self.fused)
         return proj.o_proj(y), k, v
 
     def forward(

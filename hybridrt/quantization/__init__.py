@@ -7,8 +7,9 @@ parent. Importing this package is light; `quantize` (hybridrt.quantization.api.q
 and onnxruntime.quantization load on first use.
 
 By file: methods.py calls onnxruntime.quantization's quantizers; rewrites.py holds hybridrt's
-own graph rewrites around them; selection.py decides what is quantized, calibration.py
-feeds the calibrators, report.py measures the result, api.py runs the steps.
+own graph rewrites around them and vocab.py the block-wise embedding and LM head;
+selection.py decides what is quantized, calibration.py feeds the calibrators, report.py
+measures the result, api.py runs the steps.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ written.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -26,8 +27,10 @@ from ..runtime.validate import as_path, as_paths
 from . import methods, rewrites
 from .calibration import CalibrationReader, calibration_feeds, head, read_texts, split_text
 from .config import INT8_BLOCK, WEIGHT_BITS, QuantConfig
+from .moe import moe_nodes, quantize_moe
 from .report import finite, quality_report
 from .selection import NodeSelection, select_nodes
+from .vocab import quantize_vocab
 
 
 def quantize(
@@ -199,7 +202,15 @@ def _run(
     if not selection.quantize:
         if not selection.vocab:
             raise QuantizationError("no node is left to quantize after the exclusions; check --exclude/--include")
-        return model  # only the embedding / LM head: rewrites.quantize_vocab does it all
+        return model  # only the embedding / LM head: vocab.quantize_vocab does it all
+    experts = set(moe_nodes(model.graph)) & set(selection.quantize)
+    if experts:  # onnxruntime's quantizers take 2-D weights only: the experts go to QMoE
+        bits = 4 if cfg.mode == "int4" else 8
+        block = cfg.block_size if cfg.mode in WEIGHT_BITS else INT8_BLOCK
+        quantize_moe(model.graph, sorted(experts), bits, block, cfg.symmetric, cfg.accuracy_level)
+        selection = dataclasses.replace(selection, quantize=[n for n in selection.quantize if n not in experts])
+        if not selection.quantize:
+            return model
     work = tmp / ".work"
     work.mkdir()
     try:
@@ -231,11 +242,11 @@ def _int8_static(
 
 
 def _quantize_vocab(graph: Any, cfg: QuantConfig, selection: NodeSelection) -> dict[str, Any]:
-    """The embedding and LM head, block-wise at cfg.vocab_bits (rewrites.quantize_vocab)."""
+    """The embedding and LM head, block-wise at cfg.vocab_bits (vocab.quantize_vocab)."""
     assert selection.vocab_nodes is not None
     bits = cfg.vocab_bits
     block = cfg.block_size if bits == 4 else INT8_BLOCK
-    return rewrites.quantize_vocab(graph, selection.vocab_nodes, set(selection.vocab), bits, block, cfg.accuracy_level)
+    return quantize_vocab(graph, selection.vocab_nodes, set(selection.vocab), bits, block, cfg.accuracy_level)
 
 
 def _manifest(

@@ -11,7 +11,7 @@ from ..errors import QuantizationError
 
 MODES = {
     "int8-static": "int8 weights (per channel) and activations in QDQ format, ranges calibrated on text",
-    "int8-dynamic": "int8 weights, activations quantized at run time (DynamicQuantizeLinear + MatMulInteger)",
+    "int8-dynamic": "8-bit weights (per channel), activations quantized per call (DynamicQuantizeMatMul)",
     "int4": "4-bit block-wise weights (MatMulNBits), float activations",
     "int8-weight": "8-bit block-wise weights (MatMulNBits), float activations",
 }
@@ -58,7 +58,7 @@ class QuantConfig:
     # Weight-only blocks without zero points (scale only, values -8..7 at 4 bits), as
     # llama.cpp's q4_0 and onnxruntime-genai store them; False keeps a zero point per block.
     symmetric: bool = False
-    # Bits of the embedding table and LM head (rewrites.quantize_vocab). 8 in every mode: on the default
+    # Bits of the embedding table and LM head (vocab.quantize_vocab). 8 in every mode: on the default
     # model a 4-bit LM head tripled the mean KL of int4 (9.6e-3 vs 3.1e-3) for 8% of its size.
     vocab_bits: int = 8
     max_ppl_ratio: float | None = None

@@ -1,8 +1,9 @@
 """Which nodes get quantized weights, and why every other candidate stays float.
 
-Every mode quantizes MatMul nodes with a constant weight (the linear layers) and the
+Every mode quantizes MatMul nodes with a constant weight (the linear layers), the
+mixture-of-experts nodes' experts (quantization.moe: QMoE, 4 bits in int4, 8 otherwise) and the
 vocabulary matrices: the embedding Gather (/model/embed_tokens/Gather) and the LM head
-(/lm_head/MatMul), which rewrites.quantize_vocab stores block-wise in every mode (one tensor when they are
+(/lm_head/MatMul), which vocab.quantize_vocab stores block-wise in every mode (one tensor when they are
 tied). All other operators stay float because no mode lists them. Node names are
 hierarchical (/model/layers.{i}/{mixer,ffn,input_norm,ffn_norm}/..., /model/norm/...), so
 the exclusions are fnmatch patterns over them.
@@ -28,7 +29,9 @@ from typing import Any
 
 from ..kinds import LAYER_KINDS
 from .config import QUANTIZED_OP_TYPES, QuantConfig
-from .rewrites import VocabNodes, constant_weights, find_vocab_nodes
+from .moe import expert_block, moe_nodes
+from .rewrites import constant_weights
+from .vocab import VocabNodes, find_vocab_nodes
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ class NodeSelection:
     """Node names to quantize, and every candidate kept float with the reason.
 
     `quantize` goes to the mode's quantizer (linear layers); `vocab` lists the chosen
-    vocabulary nodes (embedding Gather, LM head), which rewrites.quantize_vocab quantizes in
+    vocabulary nodes (embedding Gather, LM head), which vocab.quantize_vocab quantizes in
     every mode."""
 
     quantize: list[str]
@@ -97,17 +100,19 @@ def select_nodes(graph: Any, cfg: QuantConfig, layer_types: list[str] | tuple[st
         [(k.pattern, k.why) for k in DEFAULT_KEEP_FLOAT] + kind_rules(layer_types) if cfg.keep_float_default else []
     )
     patterns = defaults + [(p, "--exclude") for p in cfg.exclude]
-    weights = constant_weights(graph)
+    weights = constant_weights(graph) | {name: (fc1, False) for name, (fc1, _) in moe_nodes(graph).items()}
     vocab_nodes = find_vocab_nodes(graph)
     chosen: list[str] = []
     excluded: dict[str, str] = {}
     for node in graph.node:
-        if node.op_type not in QUANTIZED_OP_TYPES and node.name != vocab_nodes.gather:
+        if node.op_type not in (*QUANTIZED_OP_TYPES, "MoE") and node.name not in vocab_nodes.names:
             continue
         if any(n.startswith("past.") for n in node.input) or any(n.startswith("present.") for n in node.output):
             excluded[node.name] = "reads or writes a state tensor"
         elif node.name not in weights and node.name != vocab_nodes.gather:
             excluded[node.name] = "no constant weight (activation x activation, e.g. attention over the KV cache)"
+        elif node.op_type == "MoE" and expert_block(graph, node.name, cfg.block_size) is None:
+            excluded[node.name] = "no block size of 16 or more divides the hidden size and the experts' width"
         elif any(fnmatchcase(node.name, p) for p in cfg.include):
             chosen.append(node.name)
         else:

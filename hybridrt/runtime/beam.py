@@ -82,7 +82,7 @@ def beam_search(
     running = _beams(b, k, n, first)
     hypotheses = _beams(b, k, n, np.full((b, k), NEVER, dtype=np.float32))
     improvable = np.ones((b, 1), dtype=bool)  # transformers' is_early_stop_heuristic_unsatisfied
-    prompt_seen = seen_tokens(prompts, stepper.vocab) if cfg.repetition_penalty != 1.0 else None
+    prompt_seen = seen_tokens(prompts, stepper.vocab) if cfg.penalized else None
 
     stats.prompt_tokens = sum(len(p) for p in prompts)
     t0 = time.perf_counter()
@@ -192,8 +192,9 @@ def _log_probs(
         seen = np.repeat(prompt_seen, k, axis=0)
         seen[np.repeat(np.arange(b * k), step), tokens.reshape(-1)] = True
         apply_repetition_penalty(out, seen, cfg.repetition_penalty)
-    if step < cfg.min_new_tokens and len(eos):
-        out[:, eos] = -np.inf
+    barred = list(cfg.suppressed(eos.tolist(), step))
+    if barred:
+        out[:, barred] = -np.inf
     return out
 
 

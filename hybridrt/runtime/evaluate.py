@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import GenerationError
-from ..graphs.feeds import graph_feeds, zero_states
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Log-probabilities over the last axis, shifted by the maximum so that exp never overflows."""
     shifted = logits - logits.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
@@ -48,12 +48,10 @@ LogitsFn = Callable[[np.ndarray], np.ndarray]
 
 
 def ort_logits_fn(model: Any) -> LogitsFn:
-    """ids [1, l] -> logits [l, V] from fresh states, with the runtime's ONNX session."""
-    session, manifest = model.inference_session, model.manifest
+    """ids [1, l] -> logits [l, V] from fresh states (a runtime Model's state batch)."""
 
     def run(chunk: np.ndarray) -> np.ndarray:
-        zeros = zero_states(manifest.pasts, 1, chunk.shape[1])
-        return session.run(["logits"], graph_feeds(manifest.inputs, chunk, 0, zeros, all_logits=True))[0][0]
+        return model.stepper(1, chunk.shape[1]).forward(chunk, all_logits=True)[0]
 
     return run
 

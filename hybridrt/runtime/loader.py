@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..default_model import is_default, model_dir
 from ..errors import GraphError, ProviderError
@@ -15,6 +15,9 @@ from .model import Model
 from .providers import CPU, ProviderRequest, ProviderSelection, device_of, select_providers
 from .text import load_tokenizer
 from .validate import as_path
+
+if TYPE_CHECKING:
+    import onnxruntime
 
 log = logging.getLogger("hybridrt.runtime")
 
@@ -68,6 +71,7 @@ def load(
     threads: int | None = None,
     verify: bool = True,
     io_binding: bool | None = None,
+    session_options: onnxruntime.SessionOptions | None = None,
 ) -> Model:
     """Open an exported directory (or "default") for generation.
 
@@ -81,6 +85,12 @@ def load(
       Measured on CPU, 2 threads, decode tok/s after 128 / 1,900 prompt tokens: llama-125m
       int4 386.5 / 205.0 bound vs 334.8 / 140.6 plain; jamba-125m int4 240.7 / 225.8 vs
       241.3 / 181.5; granite-h-125m int4 297.7 / 270.9 vs 304.8 / 225.8.
+    session_options: an `onnxruntime.SessionOptions` to open the session with (profiling,
+      graph optimization level, session config entries, ...); the session uses this object.
+      The loader's own settings go into it first and win where both set something: `threads`
+      (or a provider tuple's "threads") sets intra_op_num_threads, and after
+      share_thread_pool() the session uses the process-wide pool whatever the options say.
+      The loader quiets onnxruntime's log to errors only unless log_severity_level was set.
     """
     import onnxruntime as ort
 
@@ -97,7 +107,7 @@ def load(
     selection = select_providers(
         provider, ort.get_available_providers(), allow_fallback=allow_fallback, threads=threads
     )
-    session = _session(ort, graph, selection)
+    session = _session(ort, graph, selection, session_options)
     _check_providers(session, selection, strict=not (auto or allow_fallback))
     check_graph(session, manifest, directory)
     name = session.get_providers()[0]
@@ -106,12 +116,18 @@ def load(
     return Model(directory, manifest, session, load_tokenizer(directory), device, io_binding=bind)
 
 
-def _session(ort: Any, graph: Path, selection: ProviderSelection) -> Any:
+def _session(
+    ort: Any, graph: Path, selection: ProviderSelection, options: onnxruntime.SessionOptions | None = None
+) -> Any:
     global _SESSIONS_OPENED
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts = ort.SessionOptions() if options is None else options
+    if not isinstance(opts, ort.SessionOptions):
+        raise ProviderError(f"session_options must be an onnxruntime.SessionOptions, got {type(opts).__name__}")
+    if opts.log_severity_level < 0:  # onnxruntime's "unset": warnings and up
+        opts.log_severity_level = 3
     if _SHARED_THREADS is not None:
         opts.use_per_session_threads = False  # the process-wide pool of share_thread_pool()
+        opts.intra_op_num_threads = 0  # a per-session count contradicts the shared pool
     elif selection.threads is not None:
         opts.intra_op_num_threads = selection.threads
     _SESSIONS_OPENED = True
@@ -121,7 +137,8 @@ def _session(ort: Any, graph: Path, selection: ProviderSelection) -> Any:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise GraphError(
             f"ONNX Runtime cannot load {graph}: {first}; the file is corrupt (re-export the model) "
-            "or needs a newer onnxruntime"
+            f"or needs a newer onnxruntime than {ort.__version__} (fused graphs need 1.32 or later; "
+            "`hybridrt export --plain-ops` writes standard operators only)"
         ) from None
 
 

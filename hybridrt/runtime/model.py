@@ -13,10 +13,12 @@ from ..graphs.generation import merge
 from ..graphs.manifest import Manifest
 from . import decode as dec
 from .beam import beam_search
+from .bound import BoundStepper
+from .evaluate import evaluate
 from .sampling import GenerationConfig
-from .speculative import DraftSchedule, speculate
-from .state import Stepper, new_stepper
-from .text import Prompts, StreamDecoder, as_prompts, decode, need_tokenizer
+from .speculative import Draft, check_draft, speculate
+from .state import PlainStepper, Stepper
+from .text import Prompts, StreamDecoder, as_prompts, decode, need_tokenizer, stop_check
 from .validate import check_eos_ids, check_memory
 
 Output = str | list[str] | list[int] | list[list[int]] | list[list[str]] | list[list[list[int]]]
@@ -55,6 +57,14 @@ class Model:
     (hybridrt.runtime.speculative): greedy output is the same as without it, sampled output
     follows the same distribution; stats report drafts proposed and kept. A batch then runs
     one prompt after another.
+
+    evaluate(text) scores a text (perplexity, bits per byte; hybridrt.runtime.evaluate).
+
+    For callers that run their own loop (the server engine, beam search, scripts):
+    generation_config(**kwargs) resolves settings, prompt_rows(prompt) gives token rows,
+    check_length(rows, cfg) checks they fit, and stepper(batch, capacity) gives a state batch
+    (hybridrt.runtime.state.Stepper): logits for ids from carried states, rows that join,
+    leave and rewind.
     """
 
     def __init__(
@@ -113,7 +123,7 @@ class Model:
                     "beam search and an assistant_model do not combine: pass num_beams=1 to decode "
                     "speculatively, or no assistant_model for beam search"
                 )
-            draft = self.check_assistant(assistant_model)
+            draft = check_draft(self, assistant_model)
             runs = []
             for row in prompts.rows:
                 runs.append(dec.GenerationStats())
@@ -122,13 +132,13 @@ class Model:
             stats = dec.GenerationStats.combine(runs)
             return self._format(prompts, stats.tokens), stats
         stats = dec.GenerationStats()
-        capacity = self.capacity_for(prompts.rows, cfg)
+        capacity = self._capacity_for(prompts.rows, cfg)
         if cfg.num_beams > 1:
-            stepper = self._new_stepper(len(prompts.rows) * cfg.num_beams, capacity)
+            stepper = self.stepper(len(prompts.rows) * cfg.num_beams, capacity)
             eos = cfg.eos_ids(self.eos_token_ids)
             tokens = beam_search(stepper, prompts.rows, cfg, eos, stats)
             return self._format(prompts, tokens, cfg.num_return_sequences), stats
-        stepper = self._new_stepper(len(prompts.rows), capacity)
+        stepper = self.stepper(len(prompts.rows), capacity)
         for _ in self._steps(stepper, prompts.rows, cfg, stats):
             pass
         return self._format(prompts, stats.tokens), stats
@@ -145,16 +155,22 @@ class Model:
         self.check_length(prompts.rows, cfg)
         stats = dec.GenerationStats()
         if assistant_model is not None:
-            steps = self._speculative(self.check_assistant(assistant_model), prompts.rows[0], cfg, stats)
+            steps = self._speculative(check_draft(self, assistant_model), prompts.rows[0], cfg, stats)
         else:
-            steps = self._steps(self._new_stepper(1, self.capacity_for(prompts.rows, cfg)), prompts.rows, cfg, stats)
+            steps = self._steps(self.stepper(1, self._capacity_for(prompts.rows, cfg)), prompts.rows, cfg, stats)
         return TextStream(self._pieces(steps, stats), stats)
 
     def session(self) -> ChatSession:
         """A conversation whose states carry over from one generate() call to the next."""
         return ChatSession(self)
 
-    # Building blocks shared with ChatSession (private to this module).
+    def evaluate(
+        self, text: str, window: int | None = None, stride: int | None = None, progress: Any = None
+    ) -> dict[str, Any]:
+        """Perplexity and bits per byte of `text` (sliding windows: hybridrt.runtime.evaluate)."""
+        return evaluate(self, text, window, stride, progress)
+
+    # The lower layer, for callers that run their own loop (see the class docstring).
 
     def generation_config(self, **kwargs: Any) -> GenerationConfig:
         """The settings generate() would use: the caller's parameters over the model's
@@ -174,71 +190,25 @@ class Model:
                     row.insert(0, bos)
         return prompts
 
-    def _new_stepper(self, batch: int, capacity: int, ring: int = 2) -> Stepper:
-        return new_stepper(self.inference_session, self.manifest, batch, self.device, self.io_binding, capacity, ring)
-
-    def check_assistant(self, assistant: object) -> Model:
-        """The draft model for speculative decoding; GenerationError unless it is a loaded
-        Model that shares this model's vocabulary."""
-        if not isinstance(assistant, Model):
-            raise GenerationError(
-                f"assistant_model must be a model loaded with hybridrt.load, got {type(assistant).__name__}"
-            )
-        ours, theirs = self.manifest.vocab_size, assistant.manifest.vocab_size
-        same = ours == theirs
-        if same and self.tokenizer is not None and assistant.tokenizer is not None:
-            same = self.tokenizer.get_vocab() == assistant.tokenizer.get_vocab()
-        if not same:
-            raise GenerationError(
-                f"assistant_model {assistant.path} does not share this model's tokenizer (vocabularies of "
-                f"{theirs} and {ours} tokens{', different tokens' if theirs == ours else ''}); a draft model "
-                "must use the target's tokenizer"
-            )
-        return assistant
-
-    def draft_schedule(self, draft: Model, cfg: GenerationConfig) -> DraftSchedule:
-        """How many tokens `draft` proposes per round, starting from the size ratio of the two."""
-        recurrent = any(not s.is_kv for s in self.manifest.pasts)
-        return DraftSchedule.of(cfg, cost=draft.weight_bytes / max(self.weight_bytes, 1), recurrent=recurrent)
-
-    def draft_steppers(
-        self, draft: Model, length: int, cfg: GenerationConfig, schedule: DraftSchedule
-    ) -> tuple[Stepper, Stepper]:
-        """Fresh (target, draft) steppers for speculative decoding after `length` tokens of
-        context: KV room for the longest draft, and a draft ring that rewinds over it."""
-        room = length + cfg.max_new_tokens + schedule.max_k + 2
-        return self._new_stepper(1, min(room, self.max_length)), draft.draft_stepper(room, schedule)
-
-    def draft_stepper(self, room: int, schedule: DraftSchedule) -> Stepper:
-        """A fresh one-row stepper of this model as a draft: KV for `room` positions (within
-        its max length), and a ring that rewinds over the longest draft of `schedule`."""
-        return self._new_stepper(1, min(room, self.max_length), ring=schedule.max_k + 1)
+    def stepper(self, batch: int, capacity: int, ring: int = 2) -> Stepper:
+        """A state batch of `batch` fresh rows (zero states, lengths 0) with KV buffers of
+        `capacity` positions, regrown when a call needs more: bound on the session's device
+        (unless the model was loaded with io_binding=False). `ring`: how many sets of
+        fixed-size states it keeps, so that it can rewind ring - 1 calls."""
+        if self.io_binding:
+            return BoundStepper(self.inference_session, self.manifest, batch, capacity, self.device, ring)
+        return PlainStepper(self.inference_session, self.manifest, batch, capacity)
 
     def _speculative(
-        self,
-        draft: Model,
-        row: list[int],
-        cfg: GenerationConfig,
-        stats: dec.GenerationStats,
+        self, draft: Model, row: list[int], cfg: GenerationConfig, stats: dec.GenerationStats
     ) -> Iterator[np.ndarray]:
-        schedule = self.draft_schedule(draft, cfg)
-        target_stepper, draft_stepper = self.draft_steppers(draft, len(row), cfg, schedule)
-        return self._speculate(target_stepper, draft_stepper, list(row), cfg, stats, schedule)
-
-    def _speculate(
-        self,
-        target: Stepper,
-        draft: Stepper,
-        context: list[int],
-        cfg: GenerationConfig,
-        stats: dec.GenerationStats,
-        schedule: DraftSchedule,
-        history: Sequence[int] | None = None,
-    ) -> Iterator[np.ndarray]:
+        room = len(row) + cfg.max_new_tokens
+        drafter = Draft.start(self, draft, cfg, room)
+        target = self.stepper(1, min(room + drafter.schedule.max_k + 2, self.max_length))
         eos = cfg.eos_ids(self.eos_token_ids)
-        return speculate(target, draft, context, cfg, eos, stats, schedule, history, self._stop_check(cfg))
+        return speculate(target, drafter, list(row), cfg, eos, stats, None, stop_check(self.tokenizer, cfg.stops))
 
-    def capacity_for(self, rows: Sequence[Sequence[int]], cfg: GenerationConfig, past: int = 0) -> int:
+    def _capacity_for(self, rows: Sequence[Sequence[int]], cfg: GenerationConfig, past: int = 0) -> int:
         """KV positions a generation needs: the longest row after `past` tokens, plus
         max_new_tokens (within the model's max length)."""
         return min(past + max(len(r) for r in rows) + cfg.max_new_tokens, self.max_length)
@@ -265,22 +235,8 @@ class Model:
         history: Sequence[Sequence[int]] | None = None,
     ) -> Iterator[np.ndarray]:
         eos = cfg.eos_ids(self.eos_token_ids)
-        return dec.generate(stepper, rows, cfg, eos, self.pad_token_id, stats, history, self._stop_check(cfg))
-
-    def _stop_check(self, cfg: GenerationConfig) -> dec.StopCheck | None:
-        stops = cfg.stops
-        if not stops:
-            return None
-        need_tokenizer(self.tokenizer)
-        longest = max(len(s) for s in stops)
-
-        def stop(tokens: list[int]) -> bool:
-            # A token holds at least one byte and a character at most four, so this tail
-            # covers any stop string that the newest token completes.
-            tail = decode(self.tokenizer, tokens[-4 * longest - 4 :])
-            return any(s in tail for s in stops)
-
-        return stop
+        stop = stop_check(self.tokenizer, cfg.stops)
+        return dec.generate(stepper, rows, cfg, eos, self.pad_token_id, stats, history, stop)
 
     def _pieces(self, steps: Iterator[np.ndarray], stats: dec.GenerationStats) -> Iterator[str]:
         stream = StreamDecoder(self.tokenizer)
@@ -318,9 +274,8 @@ class ChatSession:
         self.stepper: Stepper | None = None
         self.history: list[int] = []  # every token of the conversation, the pending ones included
         self.pending: list[int] = []  # in the history but not yet fed to the states
-        self.draft: Model | None = None
-        self.draft_stepper: Stepper | None = None
-        self.schedule: DraftSchedule | None = None
+        self.draft_model: Model | None = None
+        self.draft: Draft | None = None
 
     def generate(self, prompt: Any, assistant_model: Model | None = None, **kwargs: Any) -> Output:
         """As Model.generate, for one prompt, continuing the conversation."""
@@ -368,21 +323,23 @@ class ChatSession:
         new = prompts.rows[0]
         context = self.history + new
         if assistant is not None:
-            draft = m.check_assistant(assistant)
-            if self.draft is not draft or self.schedule is None:
+            draft = check_draft(m, assistant)
+            if self.draft_model is not draft or self.draft is None:
                 # A new draft (or the first): it catches up on the whole conversation.
-                self.schedule = m.draft_schedule(draft, cfg)
-                target, self.draft_stepper = m.draft_steppers(draft, len(context), cfg, self.schedule)
-                self.stepper = self.stepper or target
-                self.draft = draft
-            assert self.draft_stepper is not None
+                room = len(context) + cfg.max_new_tokens
+                self.draft = Draft.start(m, draft, cfg, room)
+                self.draft_model = draft
+                if self.stepper is None:
+                    self.stepper = m.stepper(1, min(room + self.draft.schedule.max_k + 2, m.max_length))
         if self.stepper is None:
             # Room for this turn; later turns regrow the KV buffers (doubling) when they need more.
-            self.stepper = m._new_stepper(1, m.capacity_for(prompts.rows, cfg, len(self.history)))
+            self.stepper = m.stepper(1, m._capacity_for(prompts.rows, cfg, len(self.history)))
         stepper = self.stepper
         if assistant is not None:
-            assert self.draft_stepper is not None and self.schedule is not None
-            steps = m._speculate(stepper, self.draft_stepper, context, cfg, stats, self.schedule)
+            assert self.draft is not None
+            eos = cfg.eos_ids(m.eos_token_ids)
+            stop = stop_check(m.tokenizer, cfg.stops)
+            steps = speculate(stepper, self.draft, context, cfg, eos, stats, None, stop)
         else:
             steps = m._steps(stepper, [self.pending + new], cfg, stats, [context])
         try:

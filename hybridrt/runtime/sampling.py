@@ -83,6 +83,16 @@ class GenerationConfig:
             return ()
         return (self.stop_strings,) if isinstance(self.stop_strings, str) else tuple(self.stop_strings)
 
+    @property
+    def penalized(self) -> bool:
+        """Whether the repetition penalty applies (the tokens seen must be tracked)."""
+        return self.repetition_penalty != 1.0
+
+    def suppressed(self, eos: Sequence[int], index: int) -> tuple[int, ...]:
+        """The tokens barred from new token number `index` (0-based): the EOS ids before
+        min_new_tokens, none after."""
+        return tuple(eos) if index < self.min_new_tokens else ()
+
     def eos_ids(self, default: Sequence[int]) -> tuple[int, ...]:
         eos = default if self.eos_token_id is None else self.eos_token_id
         return (int(eos),) if isinstance(eos, int | np.integer) else tuple(int(e) for e in eos)
@@ -97,8 +107,9 @@ class GenerationConfig:
 
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> None:
     """In place, as transformers: seen tokens' positive logits / penalty, negative * penalty."""
-    picked = logits[seen]
-    logits[seen] = np.where(picked < 0, picked * penalty, picked / penalty)
+    picked = logits[seen].astype(np.float64)  # float32 would round a tiny penalty to 0: -inf * 0 is NaN
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):  # a tiny penalty: +inf, see softmax
+        logits[seen] = np.where(picked < 0, picked * penalty, picked / penalty)
 
 
 def top_k_filter(logits: np.ndarray, k: int) -> None:
@@ -120,7 +131,14 @@ def top_p_filter(probs: np.ndarray, p: float) -> None:
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    """Over the last axis. A row whose largest logit is +inf (a tiny repetition penalty or
+    temperature can overflow float32) gets its limit: equal mass on its +inf entries."""
+    top = x.max(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - top)
+    infinite = np.isposinf(top[..., 0])
+    if infinite.any():
+        e[infinite] = np.isposinf(x[infinite])
     return e / e.sum(axis=-1, keepdims=True)
 
 

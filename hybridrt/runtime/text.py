@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,22 @@ def need_tokenizer(tokenizer: Any | None) -> Any:
 
 def decode(tokenizer: Any, ids: Sequence[int]) -> str:
     return tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def stop_check(tokenizer: Any | None, stops: Sequence[str]) -> Callable[[Sequence[int]], bool] | None:
+    """Whether a sequence's new tokens end in one of the stop strings (None: no stop strings).
+    Only a tail is decoded: a token holds at least one byte and a character at most four, so
+    it covers any stop string that the newest token completes."""
+    if not stops:
+        return None
+    need_tokenizer(tokenizer)
+    longest = max(len(s) for s in stops)
+
+    def stop(tokens: Sequence[int]) -> bool:
+        tail = decode(tokenizer, tokens[-4 * longest - 4 :])
+        return any(s in tail for s in stops)
+
+    return stop
 
 
 class StreamDecoder:

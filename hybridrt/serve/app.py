@@ -2,7 +2,8 @@
 streams its tokens back. It never runs the model itself.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health (no key;
-503 until the model is loaded), GET /metrics (Prometheus text). Errors are OpenAI's
+503 until the model is loaded), GET /metrics (Prometheus text), GET /openapi.json (no key; their
+description, openapi.py), GET / (no key: the chat page and its assets, page.py). Errors are OpenAI's
 {"error": {"message", "type", "param", "code"}} with a 4xx status for anything the client
 can fix; no stack trace reaches a client.
 """
@@ -13,8 +14,7 @@ import asyncio
 import contextlib
 import hmac
 import time
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -26,26 +26,20 @@ from starlette.routing import Route
 
 from ..errors import GenerationError
 from ..runtime.model import Model
-from .chat import ChatTemplate, check_messages
+from . import openai
+from .chat import ChatTemplate, chat_params
 from .config import ServeConfig
 from .engine import Engine, EngineBusy, EngineClosed
 from .jobs import Job
 from .metrics import CONTENT_TYPE
-from .protocol import (
-    CHAT_FIELDS,
-    COMPLETION_FIELDS,
-    FAILURES,
-    ApiError,
-    Params,
-    check_fields,
-    failure,
-    params,
-    parse_json,
-)
+from .openapi import spec
+from .page import FILES as PAGE_FILES
+from .page import routes as page_routes
+from .protocol import CHAT_FIELDS, COMPLETION_FIELDS, ApiError, Params, check_fields, completion_params, parse_json
 from .sse import EventStream, full_body
 
-ROUTES = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
-COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+ROUTES = ("/health", "/metrics", "/openapi.json", "/v1/models", "/v1/completions", "/v1/chat/completions")
+PUBLIC = ("/health", "/openapi.json", *PAGE_FILES)  # no API key
 
 
 class Server:
@@ -54,6 +48,16 @@ class Server:
         self.config = config
         self.template: ChatTemplate | None = None
         self.created = int(time.time())
+        self.draining = False  # SIGTERM: work routes answer 503 while open requests finish
+        self.open = 0  # requests on work routes (/v1/...) not yet answered in full
+
+    async def drain(self, timeout: float, give_up: Callable[[], bool] = lambda: False) -> None:
+        """Refuse new work (503) and wait, up to timeout seconds or until give_up(), for open
+        requests to finish."""
+        self.draining = True
+        deadline = time.monotonic() + timeout
+        while self.open and time.monotonic() < deadline and not give_up():
+            await asyncio.sleep(0.05)
 
     def model(self) -> Model:
         if self.engine.error is not None:
@@ -67,47 +71,32 @@ class Server:
             return JSONResponse({"status": "failed", "error": str(self.engine.error)}, 503)
         if not self.engine.ready.is_set():
             return JSONResponse({"status": "loading"}, 503)
-        if self.engine.closing:
+        if self.engine.closing or self.draining:
             return JSONResponse({"status": "shutting down"}, 503)
         return JSONResponse({"status": "ok"})
 
     async def metrics(self, request: Request) -> Response:
         return Response(self.engine.metrics.render(), media_type=CONTENT_TYPE)
 
+    async def openapi(self, request: Request) -> Response:
+        model = self.engine.model if self.engine.ready.is_set() else None
+        max_length, vocab = (None, None) if model is None else (model.max_length, int(model.manifest.vocab_size))
+        return JSONResponse(spec(self.config.model_name, max_length, vocab, self.config.api_key is not None))
+
     async def models(self, request: Request) -> Response:
         model = self.model()
-        card = {
-            "id": self.config.model_name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "hybridrt",
-            "max_model_len": model.max_length,
-        }
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse(openai.model_list(self.config.model_name, self.created, model.max_length))
 
     async def completions(self, request: Request) -> Response:
         body = await self._body(request, COMPLETION_FIELDS)
-        model = self.model()
-        try:
-            rows = model.prompt_rows(body.get("prompt")).rows  # text gets <s> where the model asks for it
-        except GenerationError as e:
-            raise ApiError(400, str(e), "prompt") from None
-        p = params(body, rows, model.max_length, COMPLETION_DEFAULT_MAX_TOKENS, model.manifest.generation)
-        return await self._run(request, p, chat=False)
+        return await self._run(request, completion_params(self.model(), body), chat=False)
 
     async def chat(self, request: Request) -> Response:
         body = await self._body(request, CHAT_FIELDS)
         model = self.model()
-        messages = check_messages(body.get("messages"))
         if self.template is None:
             self.template = ChatTemplate.for_model(model.path)
-        try:
-            # Tokenized as generate() would tokenize the rendered text: <s> first where the model asks for it.
-            rows = model.prompt_rows(self.template.render(messages)).rows
-        except GenerationError as e:
-            raise ApiError(400, str(e), "messages") from None
-        p = params(body, rows, model.max_length, None, model.manifest.generation)
-        return await self._run(request, p, chat=True)
+        return await self._run(request, chat_params(model, self.template, body), chat=True)
 
     async def _body(self, request: Request, known: set[str]) -> dict[str, Any]:
         limit = self.config.max_body_bytes
@@ -125,7 +114,7 @@ class Server:
 
     async def _run(self, request: Request, p: Params, chat: bool) -> Response:
         model = self.model()
-        job = Job(self.engine, p, model.tokenizer, self.config.request_timeout)
+        job = Job(self.engine, p, model.tokenizer, self.config.request_timeout, self.config.stream_backlog)
         try:
             job.submit()
         except EngineBusy as e:
@@ -134,22 +123,18 @@ class Server:
             raise ApiError(503, str(e)) from None
         except GenerationError as e:
             raise ApiError(400, str(e)) from None
-        meta = {
-            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-            "created": int(time.time()),
-            "model": self.config.model_name,
-        }
+        meta = openai.meta(chat, self.config.model_name)
         if p.stream:
-            return EventStream(job, meta, chat, p.include_usage)
+            return EventStream(job, meta, chat, p.include_usage, p.continuous_usage)
         watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
         try:
             async for _ in job.pieces():
                 pass
         finally:
             watcher.cancel()
-        failed = next((c for c in job.choices if c.finish_reason in FAILURES), None)
+        failed = next((c for c in job.choices if c.finish_reason in openai.FAILURES), None)
         if failed is not None:
-            raise failure(failed.finish_reason, failed.error)
+            raise openai.failure(failed.finish_reason, failed.error)
         return JSONResponse(full_body(job, meta, chat))
 
 
@@ -160,7 +145,7 @@ async def _cancel_on_disconnect(request: Request, job: Job) -> None:
 
 
 class Guard:
-    """ASGI middleware: the API key on every route but /health, and requests counted by route and status."""
+    """ASGI middleware: the API key on every route but PUBLIC ones, and requests counted by route and status."""
 
     def __init__(self, app: Any, server: Server) -> None:
         self.app, self.server = app, server
@@ -178,16 +163,26 @@ class Guard:
                 status[0] = message["status"]
             await send(message)
 
+        work = path.startswith("/v1/")
         try:
-            if self.expected is not None and path != "/health" and not self._authorized(scope):
+            if self.expected is not None and path not in PUBLIC and not self._authorized(scope):
                 error = ApiError(
                     401, "missing or wrong API key: send Authorization: Bearer KEY", code="invalid_api_key"
                 )
                 await error_response(error)(scope, receive, counted)
+            elif work and self.server.draining:
+                error = ApiError(503, "the server is shutting down", code="shutting_down")
+                await error_response(error)(scope, receive, counted)
+            elif work:
+                self.server.open += 1
+                try:
+                    await self.app(scope, receive, counted)
+                finally:
+                    self.server.open -= 1
             else:
                 await self.app(scope, receive, counted)
         finally:
-            route = path if path in ROUTES else "other"
+            route = path if path in ROUTES or path in PAGE_FILES else "other"
             self.server.engine.metrics.requests.labels(route, str(status[0])).inc()
 
     def _authorized(self, scope: Any) -> bool:
@@ -207,7 +202,10 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    return error_response(ApiError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}"))
+    error = ApiError(
+        exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", headers=dict(exc.headers or {})
+    )
+    return error_response(error)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
@@ -220,9 +218,11 @@ def create_app(engine: Engine, config: ServeConfig | None = None) -> Starlette:
     routes = [
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics, methods=["GET"]),
+        Route("/openapi.json", server.openapi, methods=["GET"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
+        *page_routes(),
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _server_error}
 
@@ -234,4 +234,5 @@ def create_app(engine: Engine, config: ServeConfig | None = None) -> Starlette:
 
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)  # type: ignore[arg-type]
     app.add_middleware(Guard, server=server)  # type: ignore[arg-type]
+    app.state.drain = server.drain  # awaited by the uvicorn runner (server.py) on SIGTERM/SIGINT
     return app

@@ -3,15 +3,24 @@ and Lambda function URLs (event payload format 2.0).
 
 Routes: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions. One request
 per invocation, generated directly on the model (no engine thread, no prefix cache); request
-parsing and the parameter mapping are protocol.py's and chat.py's, as in app.py. `stream: true`
+parsing and the parameter mapping are protocol.py's and chat.py's, and the response bodies
+openai.py's, as in app.py. `stream: true`
 is answered with the whole event stream in one buffered `text/event-stream` body (a Lambda
-response is not streamed): each choice's text in one chunk, then the usage chunk when
+response is not streamed): each choice's text in one chunk (with tools, its content and then
+each call's deltas, as hybridrt serve streams them), then the usage chunk when
 stream_options.include_usage asks for it, then `data: [DONE]`. presence_penalty and
 frequency_penalty (applied by the serve engine) are refused here with a 400 unless 0.
+`tools`/`tool_choice` and `response_format` are the server's (chat.py, tools.py, grammar.py):
+a constrained choice is sampled as the serve engine samples a constrained row
+(hybridrt.serve.request.Request), one decode step at a time under its grammar's mask.
+`logprobs` (and echo's prompt logprobs) cost one more pass over the prompt and the generated
+tokens with the logits of every position, after the generation: the same raw-logit logprobs
+as the server's (hybridrt.serve.logprobs), up to float32 rounding.
 
 Runtime-only: imports neither torch nor the `serve` extra (starlette, uvicorn, prometheus_client,
-jinja2). A model whose tokenizer config has its own chat template needs jinja2 in the deployment;
-the default template is rendered without it.
+jinja2), except llguidance for constrained requests (which `hybridrt package-lambda` installs;
+without it they are a 400 that names it). A model whose tokenizer config has its own chat
+template needs jinja2 in the deployment; the default template is rendered without it.
 
 Environment:
   HYBRIDRT_MODEL       exported model directory (relative paths from the working directory,
@@ -37,16 +46,28 @@ import json
 import os
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from ..errors import GenerationError, GraphError
-from .chat import DEFAULT_CHAT_TEMPLATE, ROLES, check_messages, template_source
+from . import openai
+from .chat import chat_params, chat_template
 from .config import ServeConfig
-from .protocol import CHAT_FIELDS, COMPLETION_FIELDS, ApiError, Params, check_fields, params, parse_json
+from .grammar import Matcher, matchers
+from .logprobs import TokenText, rescore, shape
+from .protocol import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    UNSUPPORTED,
+    ApiError,
+    Params,
+    check_fields,
+    completion_params,
+    parse_json,
+)
+from .tool_parse import CallParser
+from .tools import with_markers
 
-COMPLETION_DEFAULT_MAX_TOKENS = 16  # as app.py: OpenAI's default for /v1/completions
 ROUTES = {
     "/health": "GET",
     "/v1/models": "GET",
@@ -151,18 +172,14 @@ def _handle(event: Any) -> dict[str, Any]:
         return _json(200, {"status": "ok"})
     state = _model()
     if path == "/v1/models":
-        card = {
-            "id": state.name,
-            "object": "model",
-            "created": state.created,
-            "owned_by": "hybridrt",
-            "max_model_len": state.model.max_length,
-        }
-        return _json(200, {"object": "list", "data": [card]})
-    body = _body(event, CHAT_FIELDS if path == "/v1/chat/completions" else COMPLETION_FIELDS, state.name)
+        return _json(200, openai.model_list(state.name, state.created, state.model.max_length))
     if path == "/v1/completions":
-        return _completions(state, body)
-    return _chat(state, body)
+        body = _body(event, COMPLETION_FIELDS, state.name)
+        return _run(state, completion_params(state.model, body), chat=False)
+    body = _body(event, CHAT_FIELDS, state.name)
+    if state.template is None:
+        state.template = chat_template(state.model.path)
+    return _run(state, chat_params(state.model, state.template, body), chat=True)
 
 
 def _request(event: Any) -> tuple[str, str, dict[str, str]]:
@@ -201,7 +218,7 @@ def _body(event: dict[str, Any], known: set[str], model_name: str) -> dict[str, 
     if len(data) > limit:
         raise ApiError(413, f"the request body exceeds {limit} bytes")
     body = parse_json(data)
-    check_fields(body, known, model_name)
+    check_fields(body, known, model_name, UNSUPPORTED)
     for name in ("presence_penalty", "frequency_penalty"):
         if body.get(name) not in (None, 0, 0.0) and not isinstance(body.get(name), bool):
             raise ApiError(400, f"{name} is not supported by the Lambda handler (use hybridrt serve)", name)
@@ -215,149 +232,79 @@ def _model() -> Loaded:
         raise ApiError(503, f"the model failed to load: {e}") from None
 
 
-def _completions(state: Loaded, body: dict[str, Any]) -> dict[str, Any]:
-    model = state.model
-    try:
-        rows = model.prompt_rows(body.get("prompt")).rows  # text gets <s> where the model asks for it
-    except GenerationError as e:
-        raise ApiError(400, str(e), "prompt") from None
-    p = params(body, rows, model.max_length, COMPLETION_DEFAULT_MAX_TOKENS, model.manifest.generation)
-    return _run(state, p, chat=False)
-
-
-def _chat(state: Loaded, body: dict[str, Any]) -> dict[str, Any]:
-    model = state.model
-    messages = check_messages(body.get("messages"))
-    if state.template is None:
-        state.template = chat_template(model.path)
-    try:
-        rows = model.prompt_rows(state.template.render(messages)).rows
-    except GenerationError as e:
-        raise ApiError(400, str(e), "messages") from None
-    p = params(body, rows, model.max_length, None, model.manifest.generation)
-    return _run(state, p, chat=True)
-
-
-class PlainDefaultTemplate:
-    """chat.DEFAULT_CHAT_TEMPLATE rendered in Python, for deployments without jinja2."""
-
-    source = DEFAULT_CHAT_TEMPLATE
-
-    def render(self, messages: list[dict[str, str]]) -> str:
-        assert all(m["role"] in ROLES for m in messages)
-        return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
-
-
-def chat_template(directory: Path) -> Any:
-    """The model's chat template: jinja2's where installed; without jinja2, the default
-    template in Python, or a clear error for a model with its own template."""
-    source, special = template_source(directory)
-    try:
-        import jinja2  # noqa: F401
-    except ImportError:
-        if source == DEFAULT_CHAT_TEMPLATE:
-            return PlainDefaultTemplate()
-        raise ApiError(
-            500,
-            "this model's tokenizer config has a chat template, which needs jinja2: add jinja2 to the "
-            "deployment (pip install jinja2), or use /v1/completions",
-            code="chat_template_unavailable",
-        ) from None
-    from .chat import ChatTemplate
-
-    return ChatTemplate(source, special)
-
-
-@dataclasses.dataclass
-class Choice:
-    index: int
-    text: str
-    tokens: int
-    finish_reason: str
-
-
 def _run(state: Loaded, p: Params, chat: bool) -> dict[str, Any]:
-    from ..runtime.decode import GenerationStats
     from ..runtime.text import decode
 
     model = state.model
-    choices: list[Choice] = []
+    finished: list[tuple[str, str, Any, list[Any] | None]] = []  # (text, finish reason, logprobs, call events)
+    calls: list[list[dict[str, Any]] | None] = []
+    completion = 0
+    names = TokenText(model.tokenizer) if p.logprobs is not None else None
+    todo = p.choices()
+    grammars = [None] * len(todo) if p.constraint is None else matchers(model, p.constraint, len(todo))
+    text_of = model.tokenizer if p.tools is None else with_markers(model.tokenizer)
     try:
-        for row in p.rows:
-            model.check_length([row], p.cfg)
-            for j in range(p.n):
-                cfg = p.cfg
-                if cfg.seed is not None and j:  # as the engine: choice j of a prompt samples with seed + j
-                    cfg = dataclasses.replace(cfg, seed=(cfg.seed + j) % 2**63)
-                stats = GenerationStats()
-                stepper = model._new_stepper(1, model.capacity_for([row], cfg))
-                for _ in model._steps(stepper, [row], cfg, stats):
-                    pass
-                tokens = stats.tokens[0]
-                text = decode(model.tokenizer, tokens) if model.tokenizer is not None else ""
-                cut = [i for i in (text.find(s) for s in cfg.stops) if i >= 0]
-                stopped = bool(cut) or (bool(tokens) and tokens[-1] in cfg.eos_ids(model.eos_token_ids))
-                reason = "stop" if stopped else "length"
-                choices.append(Choice(len(choices), text[: min(cut)] if cut else text, len(tokens), reason))
+        for i, ((row, cfg), grammar) in enumerate(zip(todo, grammars, strict=True)):
+            tokens, complete = ([], False) if p.score_only else _generate(model, row, cfg, grammar)
+            text = decode(text_of, tokens) if model.tokenizer is not None else ""
+            text, reason = openai.finish(text, tokens, cfg.stops, cfg.eos_ids(model.eos_token_ids))
+            reason = openai.STOP if complete else reason
+            echo = "" if p.echo is None else p.echo[i // p.n]
+            lp = None if names is None else _logprobs(model, names, p, row, tokens, chat, echo)
+            events, made = None, None
+            if p.tools is not None:
+                parser = CallParser(p.tools.names)
+                events, text, made = parser.push(text) + parser.finish(), parser.content(), parser.calls
+                reason = openai.TOOL_CALLS if made and reason == openai.STOP else reason
+            calls.append(made)
+            finished.append((echo + text, reason, lp, events))
+            completion += len(tokens)
     except GenerationError as e:
         raise ApiError(400, str(e)) from None
-    prompt = sum(len(r) for r in p.rows)  # each prompt once, as OpenAI
-    completion = sum(c.tokens for c in choices)
-    usage = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": 0},
-    }
-    meta = {
-        "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-        "created": int(time.time()),
-        "model": state.name,
-    }
+    usage = openai.usage(sum(len(r) for r in p.rows), completion)
+    meta = openai.meta(chat, state.name)
     if p.stream:
-        return _events(meta, chat, choices, usage if p.include_usage else None)
-    body = {**meta, "object": "chat.completion" if chat else "text_completion"}
-    body["choices"] = [_choice(c, chat, c.text, delta=False) for c in choices]
-    body["usage"] = usage
-    return _json(200, body)
+        body = openai.event_stream(meta, chat, finished, usage if p.include_usage else None)
+        headers = dict(openai.EVENT_STREAM_HEADERS)
+        return {"statusCode": 200, "headers": headers, "body": body.decode(), "isBase64Encoded": False}
+    choices = [
+        openai.choice(i, chat, text, reason, logprobs=lp, tool_calls=calls[i] or None)
+        for i, (text, reason, lp, _) in enumerate(finished)
+    ]
+    return _json(200, openai.completion(meta, chat, choices, usage))
 
 
-def _choice(c: Choice, chat: bool, text: str, delta: bool, finish: bool = True) -> dict[str, Any]:
-    out: dict[str, Any] = {"index": c.index}
-    if not chat:
-        out["text"] = text
-    elif delta:
-        out["delta"] = {"content": text} if text else {}
-    else:
-        out["message"] = {"role": "assistant", "content": text}
-    out["logprobs"] = None
-    out["finish_reason"] = c.finish_reason if finish else None
-    return out
+def _generate(model: Any, row: list[int], cfg: Any, grammar: Matcher | None) -> tuple[list[int], bool]:
+    """(a choice's new tokens, whether a grammar row stopped: its grammar complete, EOS or a
+    stop string; False without a grammar, whose finish reason openai.finish tells). Under a
+    grammar, the tokens are sampled as the serve engine samples a constrained row
+    (hybridrt.serve.request.Request: the mask on the logits, the grammar fed every token), one
+    decode step at a time."""
+    if grammar is None:
+        kwargs = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+        return model.generate_with_stats(row, **kwargs)[1].tokens[0], False
+    import numpy as np
+
+    from ..runtime.decode import feed
+    from .request import Request
+
+    req = Request(row, cfg, lambda update: None, grammar=grammar)
+    req.start(model.eos_token_ids, model.tokenizer, int(model.manifest.vocab_size))
+    states = model.stepper(1, len(row) + cfg.max_new_tokens)
+    logits = feed(states, np.asarray([row], dtype=np.int64))
+    while (reason := req.record(req.choose(logits)[0])) is None:
+        logits = states.forward(np.asarray([req.tokens[-1:]], dtype=np.int64))
+    return req.tokens, reason == "stop"  # the grammar complete, EOS or a stop string
 
 
-def _events(meta: dict[str, Any], chat: bool, choices: list[Choice], usage: Any) -> dict[str, Any]:
-    """The buffered SSE body: what `hybridrt serve` streams, one text chunk per choice."""
-    kind = "chat.completion.chunk" if chat else "text_completion"
-
-    def event(chunk_choices: list[dict[str, Any]], usage: Any = None) -> str:
-        body = {**meta, "object": kind, "choices": chunk_choices}
-        if usage is not None:
-            body["usage"] = usage
-        return "data: " + json.dumps(body, ensure_ascii=False) + "\n\n"
-
-    parts = []
-    if chat:
-        role = [
-            {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-            for c in choices
-        ]
-        parts.append(event(role))
-    parts += [event([_choice(c, chat, c.text, delta=True)]) for c in choices]
-    if usage is not None:
-        parts.append(event([], usage))
-    parts.append("data: [DONE]\n\n")
-    headers = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
-    return {"statusCode": 200, "headers": headers, "body": "".join(parts), "isBase64Encoded": False}
+def _logprobs(
+    model: Any, names: TokenText, p: Params, row: list[int], tokens: list[int], chat: bool, echo: str
+) -> dict[str, Any]:
+    """A choice's logprobs, from one more pass over its prompt and tokens (see the module docstring)."""
+    assert p.logprobs is not None
+    entries = rescore(model.stepper(1, len(row) + len(tokens)), row + tokens, p.logprobs)
+    prompt = entries[: len(row)] if p.echo is not None else []
+    return shape(names, chat, prompt, entries[len(row) :], len(echo))
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> dict[str, Any]:

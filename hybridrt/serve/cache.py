@@ -16,17 +16,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .batch import Rows
+from ..runtime.state import Snapshot
 
 
 @dataclass(frozen=True)
 class Entry:
-    rows: Rows  # one row, never mutated: users take a copy
+    row: Snapshot  # one row's states, never mutated: users write them into their own states
     logits: np.ndarray | None  # [1, V] after the key's last token, when known
 
     @property
     def nbytes(self) -> int:
-        return self.rows.nbytes + (0 if self.logits is None else self.logits.nbytes)
+        return self.row.nbytes + (0 if self.logits is None else self.logits.nbytes)
 
 
 class PrefixCache:
@@ -46,8 +46,8 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def put(self, tokens: Sequence[int], rows: Rows, logits: np.ndarray | None) -> None:
-        entry = Entry(rows, None if logits is None else np.array(logits[:1], dtype=np.float32))
+    def put(self, tokens: Sequence[int], row: Snapshot, logits: np.ndarray | None) -> None:
+        entry = Entry(row, None if logits is None else np.array(logits[:1], dtype=np.float32))
         if not tokens or entry.nbytes > self.max_bytes:
             return
         key = tuple(tokens)

@@ -6,16 +6,24 @@ The default template, for models without one (the shipped default model has none
 
 one block per message, then the assistant header the reply follows. Every rendering of a
 conversation starts with the rendering of its earlier turns, so the prefix cache finds the
-states of the previous turn.
+states of the previous turn. Tools (hybridrt.serve.tools) go to the template's `tools`
+variable, or for a template that never mentions it, into the system message as text.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .protocol import ApiError
+from ..errors import GenerationError
+from .grammar import response_constraint
+from .protocol import ApiError, Params, chat_logprobs, params
+from .tools import Tools, parse_tools, supports_tools, with_tool_prompt
+
+if TYPE_CHECKING:
+    from ..runtime.model import Model
 
 DEFAULT_CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
@@ -39,13 +47,45 @@ class ChatTemplate:
         """The template of directory/tokenizer_config.json, or the default."""
         return cls(*template_source(directory))
 
-    def render(self, messages: list[dict[str, str]]) -> str:
+    def render(self, messages: list[dict[str, Any]], tools: Tools | None = None) -> str:
+        if not supports_tools(self.source):
+            messages, tools = with_tool_prompt(messages, tools), None
+        extra = {} if tools is None else {"tools": list(tools.functions)}
         try:
-            return self.template.render(messages=messages, add_generation_prompt=True, **self.special)
+            return self.template.render(messages=messages, add_generation_prompt=True, **self.special, **extra)
         except ApiError:
             raise
         except Exception as e:
             raise ApiError(400, f"the chat template cannot render these messages ({e})", "messages") from None
+
+
+class PlainDefaultTemplate:
+    """DEFAULT_CHAT_TEMPLATE rendered in Python, for deployments without jinja2 (Lambda)."""
+
+    source = DEFAULT_CHAT_TEMPLATE
+
+    def render(self, messages: list[dict[str, Any]], tools: Tools | None = None) -> str:
+        messages = with_tool_prompt(messages, tools)
+        assert all(m["role"] in ROLES for m in messages)
+        return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
+
+
+def chat_template(directory: Path) -> ChatTemplate | PlainDefaultTemplate:
+    """The model's chat template: jinja2's where installed; without jinja2, the default
+    template in Python, or a clear error for a model with its own template."""
+    source, special = template_source(directory)
+    try:
+        import jinja2  # noqa: F401
+    except ImportError:
+        if source == DEFAULT_CHAT_TEMPLATE:
+            return PlainDefaultTemplate()
+        raise ApiError(
+            500,
+            "this model's tokenizer config has a chat template, which needs jinja2: add jinja2 to the "
+            "deployment (pip install jinja2), or use /v1/completions",
+            code="chat_template_unavailable",
+        ) from None
+    return ChatTemplate(source, special)
 
 
 def template_source(directory: Path) -> tuple[str, dict[str, str]]:
@@ -70,8 +110,10 @@ def _raise(message: str) -> None:
     raise ApiError(400, f"the chat template rejects these messages: {message}", "messages")
 
 
-def check_messages(value: Any) -> list[dict[str, str]]:
-    """messages: a non-empty list of {"role", "content"} with text content (a string or text parts)."""
+def check_messages(value: Any) -> list[dict[str, Any]]:
+    """messages: a non-empty list of {"role", "content"} with text content (a string or text
+    parts); an assistant message's tool_calls (its content may then be null) and a tool
+    message's tool_call_id and name pass on to the template."""
     if not isinstance(value, list) or not value:
         raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
     out = []
@@ -81,7 +123,41 @@ def check_messages(value: Any) -> list[dict[str, str]]:
             raise ApiError(400, f"{where} must be an object with a string role", where)
         if m["role"] not in ROLES:
             raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}, got {m['role'][:40]!r}", where)
-        out.append({"role": m["role"], "content": _content(m.get("content"), where)})
+        calls = _tool_calls(m.get("tool_calls"), where) if m["role"] == "assistant" else None
+        content = "" if calls and m.get("content") is None else _content(m.get("content"), where)
+        message: dict[str, Any] = {"role": m["role"], "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        for key in ("tool_call_id", "name"):
+            if isinstance(m.get(key), str):
+                message[key] = m[key]
+        out.append(message)
+    return out
+
+
+def _tool_calls(value: Any, where: str) -> list[dict[str, Any]] | None:
+    """An assistant message's tool_calls, with each call's JSON arguments as an object (as
+    transformers' templates expect them)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(c, dict)
+        and isinstance(c.get("function"), dict)
+        and isinstance(c["function"].get("name"), str)
+        and isinstance(c["function"].get("arguments", ""), str | dict)
+        for c in value
+    ):
+        raise ApiError(400, f"{where}.tool_calls must be a list of function calls", f"{where}.tool_calls")
+    out = []
+    for c in value:
+        args = c["function"].get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args or "{}")
+            except ValueError:
+                raise ApiError(400, f"{where}.tool_calls: arguments must be JSON", f"{where}.tool_calls") from None
+        function = {"name": c["function"]["name"], "arguments": args}
+        out.append({"id": c.get("id"), "type": "function", "function": function})
     return out
 
 
@@ -93,3 +169,20 @@ def _content(content: Any, where: str) -> str:
     ):
         return "".join(p["text"] for p in content)
     raise ApiError(400, f"{where}.content must be a string or a list of text parts", f"{where}.content")
+
+
+def chat_params(model: Model, template: ChatTemplate | PlainDefaultTemplate, body: dict[str, Any]) -> Params:
+    """A /v1/chat/completions request's work on `model`: its messages rendered by `template`
+    and tokenized as generate() tokenizes text (<s> first where the model asks for it)."""
+    messages = check_messages(body.get("messages"))
+    tools = parse_tools(body)
+    constraint = response_constraint(body.get("response_format"))
+    forced = None if tools is None else tools.constraint()
+    if forced is not None and constraint is not None:
+        raise ApiError(400, "a forced tool_choice cannot be combined with response_format", "response_format")
+    try:
+        rows = model.prompt_rows(template.render(messages, tools)).rows
+    except GenerationError as e:
+        raise ApiError(400, str(e), "messages") from None
+    p = params(body, rows, model.max_length, None, model.manifest.generation)
+    return replace(p, logprobs=chat_logprobs(body), constraint=forced or constraint, tools=tools)

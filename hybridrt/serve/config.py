@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import GenerationError
+from ..runtime.decode import PREFILL_CHUNK
 
 
 @dataclass(frozen=True)
@@ -13,7 +14,7 @@ class EngineConfig:
     """Sizes of the engine; the CLI's defaults come from here."""
 
     slots: int = 8
-    chunk: int = 256
+    chunk: int = PREFILL_CHUNK  # the prompt tokens one prefill call takes, as the runtime's
     max_queue: int = 64
     cache_bytes: int = 256 * 2**20
 
@@ -34,3 +35,6 @@ class ServeConfig:
     max_body_bytes: int = 1 << 20
     request_timeout: float = 600.0
     retry_after_s: int = 1
+    # Updates a stream may hold unsent per choice (its client reads slower than tokens come)
+    # before it ends with a `slow_client` error and frees its slot.
+    stream_backlog: int = 256

@@ -3,7 +3,8 @@
 Continuous batching over a fixed pool of state slots. A request holds a slot from the start
 of its prefill to its last token. Each turn of the loop:
 
-1. admit waiting requests while slots are free (a prefix-cache hit starts from cached states);
+1. admit waiting requests while slots are free (a prefix-cache hit starts from cached states,
+   except for a request that scores its prompt: it needs the logits of every position);
 2. prefill one chunk (at most `chunk` tokens) of the oldest request still prefilling, so a
    long prompt costs the others one chunk per turn, not its whole length;
 3. run one decode step for every row of the decode batch and sample each row's next token
@@ -15,12 +16,23 @@ cancelled and timed-out requests leave it, between steps. Greedy tokens equal
 
 With an assistant (draft) model, a request that is alone in the engine (none waiting or
 prefilling) decodes speculatively (hybridrt.runtime.speculative): its draft proposes tokens,
-its row verifies them in one call, and a rejection takes that call back (`Rows.undo`) and
-leaves the kept drafts as the row's `lag`, run again before its next verify call (an
-attention-only model keeps their keys and values and only sets its count back). Greedy tokens
-are still those of Model.generate; seeded sampling and presence/frequency penalties stay on
-plain steps, so that a seed gives the same text whatever the load. When another request is
-about to join the batch, the lag is fed first, so batched rows take one token each.
+its row verifies them in one call: the round of `Model.generate` (runtime.speculative.Draft),
+run on the decode batch's one row. A recurrent row that rejects a draft returns to its states
+before the call and lags behind by the drafts it kept, which the next round runs again (an
+attention-only row keeps their keys and values). Greedy tokens are still those of
+Model.generate; seeded sampling, presence/frequency penalties, logprobs and grammar
+constraints (hybridrt.serve.grammar: a mask on the row's logits) stay on plain steps, so
+that a seed gives the same text whatever the load, each token's logprob comes from the
+logits it was sampled from, and every token is sampled under its mask. When another
+request is about to join the batch, the lag is fed first, so batched rows take one token
+each.
+
+The decode batch and each prefilling request's states are runtime state batches
+(`Model.stepper`): bound on the model's device, so `--provider cuda` keeps every state on
+the GPU between steps; rows join (`extend`) and leave (`reorder`) between steps.
+
+Per-request state (sampling, penalties, logprobs) and the updates sent back are
+hybridrt.serve.request's; logprobs are hybridrt.serve.logprobs's.
 """
 
 from __future__ import annotations
@@ -30,22 +42,22 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 
 from ..errors import HybridrtError
-from ..runtime.decode import seen_tokens
+from ..runtime.decode import feed
 from ..runtime.model import Model
-from ..runtime.sampling import GenerationConfig, sample
-from ..runtime.speculative import Chooser, DraftSchedule, draft_length, judge, propose
+from ..runtime.speculative import Chooser, Draft, check_draft, draft_length
 from ..runtime.state import Stepper
-from ..runtime.text import decode
-from .batch import Graph, Rows
 from .cache import PrefixCache
 from .config import EngineConfig
+from .logprobs import TokenLogprob, prompt_scores
 from .metrics import Metrics
+from .request import Request, Update
+
+__all__ = ["Engine", "EngineBusy", "EngineClosed", "EngineConfig", "Request", "Update"]
 
 log = logging.getLogger("hybridrt.serve")
 
@@ -56,48 +68,6 @@ class EngineBusy(HybridrtError):
 
 class EngineClosed(HybridrtError):
     """The engine is not running (still loading, failed to load, or shut down)."""
-
-
-@dataclass
-class Update:
-    """What the engine sends back: new tokens, and at the end why the request finished
-    ("stop", "length", "timeout", "cancelled" or "error")."""
-
-    tokens: list[int]
-    finish_reason: str | None = None
-    cached_tokens: int = 0
-    error: str | None = None
-
-
-@dataclass(eq=False)
-class Request:
-    prompt: list[int]
-    cfg: GenerationConfig
-    emit: Callable[[Update], None]  # called on the engine thread; must not block
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    timeout: float | None = None
-    submitted: float = field(default_factory=time.perf_counter)
-    cancelled: bool = False
-    # Engine-side progress.
-    tokens: list[int] = field(default_factory=list)
-    cached_tokens: int = 0
-    fed: int = 0
-    rows: Rows | None = None
-    last: float = 0.0
-    rng: np.random.Generator | None = None
-    eos: tuple[int, ...] = ()
-    seen: np.ndarray | None = None  # [1, V], for the repetition penalty
-    counts: np.ndarray | None = None
-    # Speculative decoding: tokens before tokens[-1] that the request's row has not seen yet,
-    # and the draft's own states and schedule.
-    lag: list[int] = field(default_factory=list)
-    draft: Stepper | None = None
-    schedule: DraftSchedule | None = None
-    chooser: Chooser | None = None
-
-    def expired(self, now: float) -> bool:
-        return self.timeout is not None and now - self.submitted > self.timeout
 
 
 class Engine:
@@ -122,7 +92,7 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
         self.running: list[Request] = []
-        self.batch: Rows | None = None
+        self.batch: Stepper | None = None
         self.closing = False
         self.thread = threading.Thread(target=self._run, name="hybridrt-engine", daemon=True)
 
@@ -161,10 +131,9 @@ class Engine:
     def _run(self) -> None:
         try:
             self.model = self._load()
-            self.graph = Graph.of(self.model)
-            self.graph_recurrent = any(not spec.is_kv for spec in self.graph.pasts)
+            self.vocab = int(self.model.manifest.vocab_size)
             if self._load_assistant is not None:
-                self.assistant = self.model.check_assistant(self._load_assistant())
+                self.assistant = check_draft(self.model, self._load_assistant())
         except BaseException as e:  # reported by /health and the CLI
             self.error = e
             log.error("loading the model failed: %s", e)
@@ -206,7 +175,9 @@ class Engine:
         admitted = []
         while self.waiting and len(self.prefilling) + len(self.running) < self.config.slots:
             req = self.waiting.popleft()
-            if not req.cancelled:
+            if req.cancelled:  # its job still waits for a last update
+                self._send(req, Update([], "cancelled", req.cached_tokens))
+            else:
                 self.prefilling.append(req)
                 admitted.append(req)
         self.metrics.queue_depth.set(len(self.waiting))
@@ -224,19 +195,16 @@ class Engine:
 
     def _start(self, req: Request) -> None:
         assert self.model is not None
-        req.rng = np.random.default_rng(req.cfg.seed)
-        req.eos = req.cfg.eos_ids(self.model.eos_token_ids)
-        if req.cfg.repetition_penalty != 1.0:
-            req.seen = seen_tokens([req.prompt], self.graph.vocab)
-        if req.presence_penalty or req.frequency_penalty:
-            req.counts = np.zeros(self.graph.vocab, dtype=np.float32)
-        hit = self.cache.get(req.prompt)
+        req.start(self.model.eos_token_ids, self.model.tokenizer, self.vocab)
+        req.rows = self.model.stepper(1, len(req.prompt) + req.cfg.max_new_tokens)
+        # A scored prompt needs the logits of every position, which the cache does not keep.
+        hit = None if req.prompt_logprobs is not None else self.cache.get(req.prompt)
         if hit is None:
-            req.rows = Rows.fresh(self.graph, 1, len(req.prompt) + req.cfg.max_new_tokens)
             self.metrics.cache_misses.inc()
             return
         n, entry = hit
-        req.rows, req.fed, req.cached_tokens = entry.rows.copy(), n, n
+        req.rows.set_row(0, entry.row.states, entry.row.length)
+        req.fed, req.cached_tokens = n, n
         self.metrics.cache_hits.inc()
         self.metrics.cache_hit_tokens.inc(n)
         if n == len(req.prompt):
@@ -246,7 +214,13 @@ class Engine:
     def _prefill(self, req: Request) -> None:
         assert req.rows is not None
         chunk = req.prompt[req.fed : req.fed + self.config.chunk]
-        logits = req.rows.run(np.asarray([chunk], dtype=np.int64))
+        ids = np.asarray([chunk], dtype=np.int64)
+        if req.prompt_logprobs is None:
+            logits = req.rows.forward(ids)
+        else:
+            every = req.rows.forward(ids, all_logits=True)[0]  # [s, V]
+            req.scored += prompt_scores(every, req.prompt, req.fed, req.prompt_logprobs)
+            logits = every[-1:]
         req.fed += len(chunk)
         if req.fed == len(req.prompt):
             if self.cache.enabled:
@@ -254,11 +228,14 @@ class Engine:
             self._prefilled(req, logits)
 
     def _prefilled(self, req: Request, logits: np.ndarray) -> None:
-        """The prompt is in the states: sample the first token, then join the decode batch."""
+        """The prompt is in the states: sample the first token, then join the decode batch
+        (a score-only request ends here)."""
         assert req.rows is not None
         self.prefilling.remove(req)
         self.metrics.prompt_tokens.inc(len(req.prompt))
-        if self._advance(req, logits[:1]):
+        if req.score_only:
+            self._send(req, Update([], "length", req.cached_tokens, prompt_logprobs=req.scored))
+        elif self._advance(req, logits[:1]):
             if self.batch is None:
                 self.batch = req.rows
             else:
@@ -271,7 +248,7 @@ class Engine:
         assert self.batch is not None
         self._feed_lag()  # after speculative rounds, when others now wait
         ids = np.asarray([[r.tokens[-1]] for r in self.running], dtype=np.int64)
-        logits = self.batch.run(ids)
+        logits = self.batch.forward(ids)
         keep = []
         for i, req in enumerate(self.running):
             if self._advance(req, logits[i : i + 1]):
@@ -284,103 +261,64 @@ class Engine:
     def _speculates(self, req: Request) -> bool:
         """Whether req's next tokens come from a speculative round (it must be alone)."""
         seeded = req.cfg.sampling and req.cfg.seed is not None
-        return self.assistant is not None and not (seeded or req.presence_penalty or req.frequency_penalty)
+        penalized = req.presence_penalty or req.frequency_penalty
+        constrained = req.grammar is not None  # its masks apply to plain steps only
+        return self.assistant is not None and not (seeded or penalized or constrained or req.logprobs is not None)
 
     def _speculate(self) -> None:
         """One speculative round of the lone running request (see the module docstring)."""
         assert self.batch is not None and self.assistant is not None and self.model is not None
         req = self.running[0]
-        if req.draft is None or req.schedule is None or req.chooser is None:
+        if req.draft is None or req.chooser is None:
             assert req.rng is not None
-            req.schedule = self.model.draft_schedule(self.assistant, req.cfg)
-            room = len(req.prompt) + req.cfg.max_new_tokens + req.schedule.max_k + 2
-            req.draft = self.assistant.draft_stepper(room, req.schedule)
+            req.draft = Draft.start(self.model, self.assistant, req.cfg, len(req.prompt) + req.cfg.max_new_tokens)
             req.chooser = Chooser(req.cfg, req.eos, req.rng, None if req.seen is None else req.seen[0])
-        k = draft_length(req.schedule, req.cfg.max_new_tokens - len(req.tokens), None, 0, req.draft)
-        k = min(k, self.model.max_length - int(self.batch.count[0]) - len(req.lag) - 1)
+        pending = req.tokens_from(int(self.batch.lengths[0]))
+        remaining = req.cfg.max_new_tokens - len(req.tokens)
+        k = draft_length(req.draft.schedule, remaining, self.batch, req.draft.stepper, len(pending))
         if k < 1:
             t_step = time.perf_counter()
-            lagging = bool(req.lag)
             self._decode()
-            if not lagging:
-                req.schedule.observe_step(time.perf_counter() - t_step)
+            if len(pending) == 1:
+                req.draft.schedule.observe_step(time.perf_counter() - t_step)
             return
-        t_draft = time.perf_counter()
-        proposal = propose(req.draft, _tokens_from(req, int(req.draft.lengths[0])), k, req.chooser, len(req.tokens))
-        t_verify = time.perf_counter()
-        self._feed_lag()  # kept drafts of the last round: an undo must not reach before them
-        pending = req.tokens[-1:]
-        verify = self.batch.run(np.asarray([pending + proposal.tokens], dtype=np.int64), last=k + 1)[0]
-        accepted, last = judge(verify, proposal, req.chooser, len(req.tokens))
-        t_end = time.perf_counter()
-        req.schedule.update(k, accepted, (t_verify - t_draft) / k, t_end - t_verify, t_end - t_draft)
+        accepted, live = req.draft.round(
+            self.batch, req.tokens_from, k, req.chooser, len(req.tokens), partial(self._emit, req)
+        )
         self.metrics.drafted_tokens.inc(k)
         self.metrics.accepted_tokens.inc(accepted)
-        for token in proposal.tokens[:accepted] + [last]:
-            if not self._emit(req, token):
-                # Finished inside the round: the row goes back to before the round's call.
-                self.batch.undo()
-                if self.cache.enabled:
-                    seen = (req.prompt + req.tokens)[: int(self.batch.count[0])]
-                    self.cache.put(seen, self.batch.row(0), None)
-                self._keep([])
-                return
-        if accepted == k:
-            return
-        req.draft.rewind(proposal.marks[accepted])
-        if self.graph_recurrent:
-            self.batch.undo()
-            req.lag = pending + proposal.tokens[:accepted]
-        else:  # attention only: the kept drafts' keys and values are already in place
-            self.batch.undo(keep=len(pending) + accepted)
+        if not live:
+            # Finished inside the round: the row is back to before the round's call.
+            if self.cache.enabled:
+                seen = (req.prompt + req.tokens)[: int(self.batch.lengths[0])]
+                self.cache.put(seen, self.batch.row(0), None)
+            self._keep([])
 
     def _feed_lag(self) -> None:
-        """Feed the lone running request's lag, so that its row has seen all but its last token."""
-        if len(self.running) == 1 and self.running[0].lag and self.batch is not None:
-            self.batch.run(np.asarray([self.running[0].lag], dtype=np.int64))
-            self.running[0].lag = []
+        """Feed the lone running request's lag (drafts it kept that its recurrent row took back),
+        so that its row has seen all but its last token."""
+        if len(self.running) == 1 and self.batch is not None:
+            pending = self.running[0].tokens_from(int(self.batch.lengths[0]))
+            if len(pending) > 1:
+                feed(self.batch, np.asarray([pending[:-1]], dtype=np.int64))
 
     def _advance(self, req: Request, logits: np.ndarray) -> bool:
         """Sample req's next token from logits [1, V] and send it; False once req is finished."""
-        assert req.rng is not None
-        cfg, eos = req.cfg, req.eos
-        if req.counts is not None:
-            logits = logits - req.presence_penalty * (req.counts > 0) - req.frequency_penalty * req.counts
-        token = int(sample(logits, cfg, req.rng, req.seen, eos if len(req.tokens) < cfg.min_new_tokens else ())[0])
-        return self._emit(req, token)
+        token, entry = req.choose(logits)
+        return self._emit(req, token, entry)
 
-    def _emit(self, req: Request, token: int) -> bool:
+    def _emit(self, req: Request, token: int, entry: TokenLogprob | None = None) -> bool:
         """Record and send req's next token; False once req is finished."""
-        eos = req.eos
-        req.tokens.append(token)
-        if req.seen is not None:
-            req.seen[0, token] = True
-        if req.counts is not None:
-            req.counts[token] += 1
+        reason = req.record(token)
         now = time.perf_counter()
         (self.metrics.inter_token if req.last else self.metrics.ttft).observe(now - (req.last or req.submitted))
         req.last = now
         self.metrics.generated_tokens.inc()
-        reason = self._finish_reason(req, token, eos)
-        self._send(req, Update([token], reason, req.cached_tokens))
+        update = Update([token], reason, req.cached_tokens, logprobs=None if entry is None else [entry])
+        if req.prompt_logprobs is not None and len(req.tokens) == 1:
+            update.prompt_logprobs = req.scored
+        self._send(req, update)
         return reason is None
-
-    def _finish_reason(self, req: Request, token: int, eos: tuple[int, ...]) -> str | None:
-        if token in eos or self._stopped_by_string(req):
-            return "stop"
-        if len(req.tokens) >= req.cfg.max_new_tokens:
-            return "length"
-        return None
-
-    def _stopped_by_string(self, req: Request) -> bool:
-        stops = req.cfg.stops
-        if not stops:
-            return False
-        assert self.model is not None
-        longest = max(len(s) for s in stops)
-        # A token holds at least one byte and a character at most four bytes.
-        tail = decode(self.model.tokenizer, req.tokens[-4 * longest - 4 :])
-        return any(s in tail for s in stops)
 
     def _drop_stopped(self) -> None:
         """Free the slots of cancelled and timed-out requests."""
@@ -407,7 +345,7 @@ class Engine:
         if not keep:
             self.batch = None
         elif self.batch is not None and len(keep) < self.batch.batch:
-            self.batch.take(keep)
+            self.batch.reorder(keep)
 
     def _send(self, req: Request, update: Update) -> None:
         try:
@@ -422,9 +360,3 @@ class Engine:
             "cache_entries": len(self.cache),
             "cache_bytes": self.cache.bytes,
         }
-
-
-def _tokens_from(req: Request, start: int) -> list[int]:
-    """req's prompt and tokens from position `start` on, without joining the whole sequence."""
-    n = len(req.prompt)
-    return req.prompt[start:] + req.tokens if start < n else req.tokens[start - n :]

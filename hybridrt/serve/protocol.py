@@ -2,52 +2,43 @@
 OpenAI's {"error": {...}} body), never an exception that reaches the client as a 500.
 
 Parameter mapping onto GenerationConfig: max_tokens (chat also max_completion_tokens) ->
-max_new_tokens; min_tokens -> min_new_tokens; temperature 0 -> greedy, otherwise sampling
-(OpenAI's default is temperature 1); top_p, top_k (-1 or 0 = off), seed, stop ->
-stop_strings (cut from the text, as OpenAI does), repetition_penalty (default: the model's recommended
-one, from its generation_config.json); presence_penalty and
-frequency_penalty are applied by the engine over the generated tokens.
+max_new_tokens; min_tokens -> min_new_tokens; temperature 0 (below 1e-5, as vLLM: smaller ones
+overflow the scaled logits) -> greedy, otherwise sampling (OpenAI's default is 1); top_p, top_k
+(-1 or 0 = off), seed, stop -> stop_strings (cut from the text, as OpenAI does),
+repetition_penalty (default: the model's recommended one, from its generation_config.json);
+presence_penalty and frequency_penalty are applied by the engine over the generated tokens.
+
+Logprobs (hybridrt.serve.logprobs): /v1/completions takes `logprobs` (0-5 alternatives per
+token) and `echo` (the prompt's text before the completion, and with `logprobs` the prompt
+tokens' logprobs too; `max_tokens: 0` with echo scores the prompt and generates nothing);
+/v1/chat/completions takes `logprobs: true` and `top_logprobs` (0-20).
+
+Structured output: `response_format` (both routes) and forced tool calls (chat) become a
+grammar constraint (hybridrt.serve.grammar) that `hybridrt serve` and the Lambda handler
+decode under.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-from ..errors import GenerationError, HybridrtError
+from ..errors import GenerationError
 from ..runtime.sampling import GenerationConfig
+from .api_error import ApiError as ApiError  # the error of every check here, re-exported
+from .grammar import Constraint, response_constraint
+from .logprobs import MAX_COMPLETION_LOGPROBS, MAX_TOP_LOGPROBS
+
+if TYPE_CHECKING:
+    from ..runtime.model import Model
+    from .tools import Tools
 
 MAX_CHOICES = 16  # prompts x n in one request
 MAX_STOPS = 4
-
-
-class ApiError(HybridrtError):
-    def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None, headers: dict | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.headers: dict[str, str] = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(self.status)
-        if kind is None:
-            kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-
-
-FAILURES = ("timeout", "error", "cancelled")  # finish reasons that are not a normal end
-
-
-def failure(reason: str | None, error: str | None) -> ApiError:
-    """The error for a request that ended in one of FAILURES."""
-    if reason == "timeout":
-        return ApiError(504, "the request took longer than the server's request timeout", code="timeout")
-    if reason == "cancelled":
-        return ApiError(503, "the server is shutting down", code="cancelled")
-    return ApiError(500, f"generation failed: {error}", code="engine_error")
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+GREEDY_BELOW = 1e-5  # temperatures below this decode greedily
 
 
 @dataclass(frozen=True)
@@ -61,12 +52,38 @@ class Params:
     include_usage: bool
     presence_penalty: float
     frequency_penalty: float
+    logprobs: int | None = None  # alternatives per token (None: no logprobs)
+    echo: tuple[str, ...] | None = None  # each prompt's text, returned before its completion
+    score_only: bool = False  # max_tokens 0 (with echo): the prompt is scored, nothing generated
+    constraint: Constraint | None = None  # the grammar every choice is decoded under
+    tools: Tools | None = None  # functions whose calls are parsed from the reply
+    continuous_usage: bool = False  # usage so far in every streamed chunk (vLLM's continuous_usage_stats)
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """Alternatives per prompt token, when the prompt is scored (echo with logprobs)."""
+        return self.logprobs if self.echo is not None else None
+
+    def choices(self) -> list[tuple[list[int], GenerationConfig]]:
+        """(prompt row, settings) of each choice, prompt-major: choice j of a prompt samples with
+        seed + j, so that the n choices of a seeded request differ and each is reproducible."""
+        out = []
+        for row in self.rows:
+            for j in range(self.n):
+                cfg = self.cfg
+                if cfg.seed is not None and j:
+                    cfg = replace(cfg, seed=(cfg.seed + j) % 2**63)
+                out.append((row, cfg))
+        return out
 
 
+# include_usage: a last chunk with the usage; continuous_usage_stats (vLLM): the usage so far in every chunk.
+STREAM_OPTIONS = {"include_usage", "continuous_usage_stats"}
 COMMON = {
     "model",
     "max_tokens",
     "min_tokens",
+    "ignore_eos",
     "temperature",
     "top_p",
     "top_k",
@@ -82,8 +99,24 @@ COMMON = {
     "logprobs",
     "logit_bias",
 }
-COMPLETION_FIELDS = COMMON | {"prompt", "echo", "best_of", "suffix"}
-CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "response_format"}
+COMPLETION_FIELDS = COMMON | {"prompt", "echo", "best_of", "suffix", "response_format"}
+CHAT_FIELDS = COMMON | {
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+}
+
+
+# Fields that only their neutral values (or null) may take here.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "best_of": (1,),
+    "suffix": ("",),
+    "logit_bias": ({},),
+}
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -104,7 +137,9 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def check_fields(body: dict[str, Any], known: set[str], model_name: str) -> None:
+def check_fields(
+    body: dict[str, Any], known: set[str], model_name: str, unsupported: dict[str, tuple[Any, ...]] = UNSUPPORTED
+) -> None:
     unknown = sorted(set(body) - known)
     if unknown:
         raise ApiError(400, f"unrecognized request argument: {', '.join(unknown)[:200]}", unknown[0])
@@ -118,25 +153,50 @@ def check_fields(body: dict[str, Any], known: set[str], model_name: str) -> None
             "model",
             "model_not_found",
         )
-    unsupported = {
-        "echo": False,
-        "best_of": 1,
-        "suffix": None,
-        "logprobs": None,
-        "top_logprobs": None,
-        "logit_bias": None,
-        "tools": None,
-        "tool_choice": None,
-        "response_format": None,
-    }
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise ApiError(400, f"user must be a string, got {_show(body['user'])}", "user")
     for name, neutral in unsupported.items():
         value = body.get(name)
-        if value not in (neutral, None, False, {}, []) and not (name == "response_format" and _is_text(value)):
+        if value is not None and not any(type(_whole(value)) is type(v) and value == v for v in neutral):
             raise ApiError(400, f"{name} is not supported by this server", name)
 
 
-def _is_text(value: Any) -> bool:
-    return isinstance(value, dict) and value.get("type") == "text"
+def completion_params(model: Model, body: dict[str, Any]) -> Params:
+    """A /v1/completions request's work on `model`: its prompt tokenized (text, token ids, or a
+    list of either; text gets <s> where the model asks for it)."""
+    try:
+        rows = model.prompt_rows(_ids(body.get("prompt"))).rows
+    except GenerationError as e:
+        raise ApiError(400, str(e), "prompt") from None
+    echo = _bool(body, "echo", False)
+    logprobs = body.get("logprobs")
+    logprobs = None if logprobs is None else _int(body, "logprobs", 0, 0, MAX_COMPLETION_LOGPROBS)
+    constraint = response_constraint(body.get("response_format"))
+    p = params(body, rows, model.max_length, COMPLETION_DEFAULT_MAX_TOKENS, model.manifest.generation, echo)
+    echoed = echo_texts(model, body["prompt"], rows) if echo else None
+    return replace(p, logprobs=logprobs, echo=echoed, constraint=constraint)
+
+
+def chat_logprobs(body: dict[str, Any]) -> int | None:
+    """A chat request's `logprobs` (true/false) and `top_logprobs` (0-20, with logprobs only):
+    the alternatives per token, or None for no logprobs."""
+    top = body.get("top_logprobs")
+    if not _bool(body, "logprobs", False):
+        if top is not None:
+            raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        return None
+    return _int(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+
+
+def echo_texts(model: Model, prompt: Any, rows: list[list[int]]) -> tuple[str, ...]:
+    """Each prompt's text as echo returns it: text prompts as sent, token ids decoded."""
+    if isinstance(prompt, str):
+        return (prompt,)
+    if all(isinstance(p, str) for p in prompt):
+        return tuple(prompt)
+    from ..runtime.text import decode
+
+    return tuple(decode(model.tokenizer, row) if model.tokenizer is not None else "" for row in rows)
 
 
 def params(
@@ -145,9 +205,11 @@ def params(
     max_length: int,
     default_max: int | None,
     recommended: dict[str, Any] | None = None,
+    echo: bool = False,
 ) -> Params:
     """Generation parameters for `rows` (already tokenized), checked against the model's length;
-    `recommended` (the manifest's generation settings) gives the repetition penalty's default."""
+    `recommended` (the manifest's generation settings) gives the repetition penalty's default;
+    with `echo`, max_tokens may be 0 (the prompt is scored, nothing generated)."""
     longest = max(len(r) for r in rows)
     room = max_length - longest
     if room < 1:
@@ -158,7 +220,9 @@ def params(
             "context_length_exceeded",
         )
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _int(body, name, room if default_max is None else min(default_max, room), 1, None)
+    if name != "max_tokens":  # max_tokens is then ignored, but must still be a possible value
+        _int(body, "max_tokens", 1, 1, max_length - 1)
+    max_tokens = _int(body, name, room if default_max is None else min(default_max, room), 0 if echo else 1, None)
     if longest + max_tokens > max_length:
         raise ApiError(
             400,
@@ -170,10 +234,12 @@ def params(
     top_k = _int(body, "top_k", -1, -1, None)
     seed = body.get("seed")
     kwargs = dict(
-        max_new_tokens=max_tokens,
-        min_new_tokens=_int(body, "min_tokens", 0, 0, max_tokens),
-        do_sample=temperature > 0,
-        temperature=temperature if temperature > 0 else None,
+        max_new_tokens=max(max_tokens, 1),
+        # ignore_eos (vLLM's extension; load tools send it to fix the output length): the
+        # end-of-sequence token is never chosen, so every choice runs to max_tokens.
+        min_new_tokens=max_tokens if _bool(body, "ignore_eos", False) else _int(body, "min_tokens", 0, 0, max_tokens),
+        do_sample=temperature >= GREEDY_BELOW,
+        temperature=temperature if temperature >= GREEDY_BELOW else None,
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
         top_k=top_k if top_k > 0 else None,
         repetition_penalty=_number(
@@ -191,8 +257,8 @@ def params(
         raise ApiError(400, f"{len(rows)} prompts x n={n} exceeds {MAX_CHOICES} choices per request", "n")
     stream = _bool(body, "stream", False)
     options = body.get("stream_options")
-    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
-        raise ApiError(400, "stream_options must be an object with at most include_usage", "stream_options")
+    if options is not None and (not isinstance(options, dict) or set(options) - STREAM_OPTIONS):
+        raise ApiError(400, f"stream_options takes only {' and '.join(sorted(STREAM_OPTIONS))}", "stream_options")
     return Params(
         rows,
         cfg,
@@ -201,11 +267,13 @@ def params(
         bool(options and _bool(options, "include_usage", False)),
         _number(body, "presence_penalty", 0.0, -2.0, 2.0),
         _number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        score_only=max_tokens == 0,
+        continuous_usage=bool(options and _bool(options, "continuous_usage_stats", False)),
     )
 
 
 def _int(body: dict[str, Any], name: str, default: int, low: int, high: int | None) -> int:
-    value = body.get(name)
+    value = _whole(body.get(name))
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
@@ -214,6 +282,18 @@ def _int(body: dict[str, Any], name: str, default: int, low: int, high: int | No
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ApiError(400, f"{name} must be {bound}, got {_show(value)}", name)
     return value
+
+
+def _whole(value: Any) -> Any:
+    """An integral float (JSON's 5.0, which JSON schema counts as an integer) as an int."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _ids(prompt: Any) -> Any:
+    """A prompt with integral floats in its token-id lists as ints."""
+    if not isinstance(prompt, list):
+        return prompt
+    return [_ids(p) if isinstance(p, list) else _whole(p) for p in prompt]
 
 
 def _number(body: dict[str, Any], name: str, default: float, low: float, high: float, low_open: bool = False) -> float:

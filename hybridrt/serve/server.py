@@ -1,8 +1,14 @@
 """Run the app on uvicorn: from the CLI (blocking, SIGINT/SIGTERM shut it down gracefully) or,
-for tests and scripts, in a background thread on a free port of 127.0.0.1."""
+for tests and scripts, in a background thread on a free port of 127.0.0.1.
+
+A graceful shutdown drains: the listening socket stays open and work routes answer 503 while
+open requests (streams included) finish; then uvicorn closes the connections and the app's
+lifespan stops the engine, all within GRACEFUL_SHUTDOWN_S. After SIGTERM the process exits 0.
+"""
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -33,15 +39,31 @@ def build(
 def _uvicorn(app: Any, host: str, port: int, log_level: str) -> Any:
     import uvicorn
 
+    class Draining(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            drain = getattr(app.state, "drain", None)
+            if drain is not None and not self.force_exit:
+                start = time.monotonic()
+                await drain(GRACEFUL_SHUTDOWN_S, lambda: self.force_exit)  # a second Ctrl-C: stop waiting
+                # uvicorn's own wait for open connections gets what the drain left of the budget.
+                self.config.timeout_graceful_shutdown = max(1, round(GRACEFUL_SHUTDOWN_S - (time.monotonic() - start)))
+            await super().shutdown(sockets)
+
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on"
     )
-    return uvicorn.Server(config)
+    return Draining(config)
 
 
 def serve(app: Any, host: str, port: int, log_level: str = "info") -> None:
-    """Serve until SIGINT/SIGTERM: stop accepting, let open requests finish, stop the engine."""
-    _uvicorn(app, host, port, log_level).run()
+    """Serve until SIGINT/SIGTERM: refuse new work, let open requests finish, stop the engine."""
+    # uvicorn raises the signal it caught again once it has shut down, under the handler it
+    # found: a drained SIGTERM is a normal end (status 0), not a kill.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        _uvicorn(app, host, port, log_level).run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass

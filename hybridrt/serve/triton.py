@@ -5,10 +5,10 @@ pair of the manifest becomes one `sequence_batching.state` entry that starts fro
 client sends only the tokens of each step, tagged with a sequence id; the direct strategy
 gives each live sequence a batch slot of a model instance and batches the slots' steps.
 
-Triton needs every state at a fixed size. SSM and conv states are; attention KV is fixed only
-in graphs of the fixed-size KV contract, whose KV dim is "capacity" (one buffer for past and
-present): it becomes `kv_capacity` rows. KV that grows per token ("past_len" / "total_len")
-cannot be a zero-initialised implicit state, so such a graph is refused: re-export it.
+Triton needs every state at a fixed size. SSM and conv states are; attention KV is one
+buffer for past and present whose KV dim is "capacity": it becomes `kv_capacity` rows.
+(Directories of the contract whose KV grew per token, schema 1, are refused by read_manifest
+with a re-export message before a repository is planned.)
 
 Layout written (atomically, through a temporary directory beside REPO/NAME):
 
@@ -36,6 +36,7 @@ from ..errors import DeployError
 from ..graphs.contract import Dim, TensorSpec, present_name
 from ..graphs.files import atomic_directory, copy_tokenizer
 from ..graphs.manifest import MANIFEST, Manifest, read_manifest
+from ..kinds import CAPACITY
 
 DATA_TYPES = {
     "float32": "TYPE_FP32",
@@ -55,8 +56,6 @@ CONTROLS = (
     ("READY", "CONTROL_SEQUENCE_READY", "int32"),
     ("CORRID", "CONTROL_SEQUENCE_CORRID", "uint64"),
 )
-GROWING = ("past_len", "total_len")  # the growing-KV contract's length dims
-CAPACITY = "capacity"  # the fixed-size KV contract's length dim
 BATCH = "batch"
 LOGIT_POSITIONS = "logit_positions"  # computed inside the repository's graph copy
 VERSION = "1"
@@ -159,7 +158,7 @@ def _max_batch_size(requested: int | None, batched: bool, plain: list[TensorSpec
 
 def _kv_capacity(manifest: Manifest, requested: int | None) -> int | None:
     """KV rows of a "capacity" dim, or None when no state has one."""
-    if not any(CAPACITY in s.dims for s in manifest.pasts):
+    if not any(s.is_kv for s in manifest.pasts):
         return None
     limit = manifest.max_length
     capacity = min(DEFAULT_KV_CAPACITY, limit) if requested is None else requested
@@ -196,7 +195,7 @@ def _state(past: TensorSpec, manifest: Manifest, max_batch: int, capacity: int |
     if present.dims != past.dims:
         raise DeployError(
             f"state {past.name} {list(past.dims)} and {output} {list(present.dims)} differ in shape; Triton's "
-            "implicit state needs one fixed shape: re-export the model with the fixed-size KV contract"
+            "implicit state needs one fixed shape: re-export the model"
         )
     return State(past.name, output, _data_type(past), tuple(dims if max_batch > 0 else [1, *dims]))
 
@@ -204,13 +203,6 @@ def _state(past: TensorSpec, manifest: Manifest, max_batch: int, capacity: int |
 def _state_dim(past: TensorSpec, d: Dim, capacity: int | None) -> int:
     if isinstance(d, int):
         return d
-    if d in GROWING:
-        raise DeployError(
-            f"state {past.name} {list(past.dims)} grows by one row per token ({d!r}); Triton's implicit state "
-            "starts every sequence from a zero tensor of one fixed shape, so this graph cannot be served with "
-            "it: re-export the model with a hybridrt whose graphs use the fixed-size KV contract "
-            "(KV dim 'capacity')"
-        )
     if d == CAPACITY and capacity is not None:
         return capacity
     raise DeployError(f"state {past.name} {list(past.dims)}: symbolic dim {d!r} has no fixed size for Triton")

@@ -1,6 +1,7 @@
 """Granite 4.0 H (`GraniteMoeHybridForCausalLM`): Mamba2 and attention layers, each followed
 by a shared-expert MLP, alone (dense) or beside a routed MoE; scalar multipliers on the
-embeddings, the residual branches, the attention scores and the logits; RoPE or no positions."""
+embeddings, the residual branches, the attention scores and the logits; RoPE or no positions
+(`position_embedding_type` "nope" or null)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from ...config import HybridConfig
 from ..registry import Family, register
 from ..translate import check_silu, eos_ids, layer_kinds, mamba2_fields, rope_settings, unsupported
 
+# `position_embedding_type`: "rope", or no positions ("nope" in the released files, or null).
+POSITION_TYPES = (None, "rope", "nope")
+
 
 def translate(hf: dict[str, Any]) -> HybridConfig:
     check_silu("granitemoehybrid", hf)
@@ -17,9 +21,11 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     heads = hf.get("num_attention_heads", 32)
     layer_types = layer_kinds("granitemoehybrid", hf, "linear_attention")
     experts = hf.get("num_local_experts", 8) or 0
+    # transformers builds the rotary embedding only for "rope"; the released files spell "no
+    # positions" as "nope" (the Granite 4.0 H models) or leave the field out.
     positions = hf.get("position_embedding_type")
-    if positions not in (None, "rope"):
-        raise unsupported("granitemoehybrid", "position_embedding_type", positions, "rope, null")
+    if positions not in POSITION_TYPES:
+        raise unsupported("granitemoehybrid", "position_embedding_type", positions, "rope, nope, null")
     rope = rope_settings("granitemoehybrid", hf) if positions == "rope" else {"rope_theta": None}
     return HybridConfig(
         model_type="granitemoehybrid",

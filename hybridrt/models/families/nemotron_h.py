@@ -1,8 +1,9 @@
 """Nemotron-H (`NemotronHForCausalLM`): one norm and one op per layer, x + op(norm(x)), the op
-chosen by `layers_block_type` (or the released `hybrid_override_pattern`: "M" Mamba2, "*"
-attention without positions, "-" squared-ReLU MLP, "E" MoE of squared-ReLU experts). Mamba2 and attention layers
-are mixers with no feed-forward; MLP and MoE layers are a feed-forward with no mixer, so the one
-checkpoint norm `backbone.layers.{i}.norm` maps to input_norm or ffn_norm by the layer's kind.
+chosen by `layers_block_type` (also spelled `layer_types`) or the released
+`hybrid_override_pattern` ("M" Mamba2, "*" attention without positions, "-" squared-ReLU MLP,
+"E" MoE of squared-ReLU experts). Mamba2 and attention layers are mixers with no
+feed-forward; MLP and MoE layers are a feed-forward with no mixer, so the one checkpoint norm
+`backbone.layers.{i}.norm` maps to input_norm or ffn_norm by the layer's kind.
 
 The Mamba2 mixer clamps dt below at `time_step_min` (transformers ignores `time_step_limit`
 here) and its gated norm uses `layer_norm_epsilon`, like every other norm."""
@@ -29,8 +30,13 @@ PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe
 
 
 def _blocks(hf: dict[str, Any]) -> tuple[str, list[str]]:
-    if hf.get("layers_block_type") is not None:
-        return "layers_block_type", list(hf["layers_block_type"])
+    # transformers reads `layer_types` as `layers_block_type` (attribute_map), and either over
+    # the released `hybrid_override_pattern`.
+    for field in ("layers_block_type", "layer_types"):
+        if hf.get(field) is not None:
+            if not isinstance(hf[field], list | tuple):
+                raise unsupported("nemotron_h", field, hf[field], "a list of layer kinds")
+            return field, list(hf[field])
     pattern = hf.get("hybrid_override_pattern")
     if pattern is None:
         return "layers_block_type", ["linear_attention", "moe", "full_attention", "mlp"]
@@ -38,6 +44,12 @@ def _blocks(hf: dict[str, Any]) -> tuple[str, list[str]]:
         if ch not in PATTERN:
             raise unsupported("nemotron_h", "hybrid_override_pattern", pattern, "M, *, -, E")
     return "hybrid_override_pattern", [PATTERN[ch] for ch in pattern]
+
+
+def _mamba(hf: dict[str, Any], legacy: str, name: str, default: Any) -> Any:
+    """A Mamba2 field under its `mamba_*` spelling or its own name: transformers takes the
+    `mamba_*` one when a config has both."""
+    return hf[legacy] if legacy in hf else hf.get(name, default)
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:
@@ -84,13 +96,13 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         moe_latent_size=hf.get("moe_latent_size") or 0,
         rope_theta=None,
         mamba_d_state=hf.get("ssm_state_size", 128),
-        mamba_d_conv=hf.get("conv_kernel", hf.get("mamba_d_conv", 4)),
+        mamba_d_conv=_mamba(hf, "mamba_d_conv", "conv_kernel", 4),
         mamba2_heads=mamba_heads,
         mamba2_head_dim=mamba_head_dim,
-        mamba2_groups=hf.get("n_groups", hf.get("mamba_n_groups", 8)),
-        mamba2_conv_bias=hf.get("use_conv_bias", hf.get("mamba_conv_bias", True)),
+        mamba2_groups=_mamba(hf, "mamba_n_groups", "n_groups", 8),
+        mamba2_conv_bias=_mamba(hf, "mamba_conv_bias", "use_conv_bias", True),
         mamba2_proj_bias=hf.get("use_bias", False),
-        mamba2_dt_min=float(hf.get("time_step_min", hf.get("mamba_dt_min", 0.001))),
+        mamba2_dt_min=float(_mamba(hf, "mamba_dt_min", "time_step_min", 0.001)),
         mamba2_norm_eps=eps,
         bos_token_id=hf.get("bos_token_id", 1),
         eos_token_id=eos_ids(hf.get("eos_token_id", 2)),

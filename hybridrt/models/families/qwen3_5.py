@@ -23,7 +23,7 @@ from ..translate import (
 def translate(hf: dict[str, Any], model_type: str = "qwen3_5_text") -> HybridConfig:
     fields = qwen_gdn_fields(model_type, hf)
     n = len(fields["layer_types"])
-    return HybridConfig(
+    return HybridConfig.make(
         ffn_types=("mlp",) * n,
         intermediate_size=hf.get("intermediate_size", 12288),
         gdn_split_proj=True,

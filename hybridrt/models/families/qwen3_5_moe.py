@@ -19,7 +19,7 @@ from ..translate import (
 def translate(hf: dict[str, Any], model_type: str = "qwen3_5_moe_text") -> HybridConfig:
     fields = qwen_gdn_fields(model_type, hf)
     n = len(fields["layer_types"])
-    return HybridConfig(
+    return HybridConfig.make(
         ffn_types=("gated_shared_moe",) * n,
         moe_intermediate_size=hf.get("moe_intermediate_size", 512),
         shared_intermediate_size=hf.get("shared_expert_intermediate_size", 512),

@@ -24,13 +24,17 @@ ACTS = ("gelu", "silu", "relu")
 
 def translate(hf: dict[str, Any]) -> HybridConfig:
     d = hf.get("hidden_size", 2560)
-    blocks = hf.get("layers_block_type")
+    # transformers reads `layer_types` as `layers_block_type` (attribute_map).
+    field = "layers_block_type" if hf.get("layers_block_type") is not None else "layer_types"
+    blocks = hf.get(field)
     if blocks is None:
         blocks = ["mamba"] + (["mamba"] * 5 + ["hybrid"]) * 7 + ["mamba"] * 4 + ["hybrid"]
         blocks += ["mamba"] * 3 + ["hybrid"] + ["mamba"] * 2
+    if not isinstance(blocks, list | tuple):
+        raise unsupported("zamba2", field, blocks, "a list of layer kinds")
     for block in blocks:
         if block not in KINDS:
-            raise unsupported("zamba2", "layers_block_type", blocks, ", ".join(KINDS))
+            raise unsupported("zamba2", field, blocks, ", ".join(KINDS))
     act = hf.get("hidden_act", "gelu")
     if act not in ACTS:
         raise unsupported("zamba2", "hidden_act", act, ", ".join(ACTS))

@@ -1,0 +1,311 @@
+"""ONNX export in memory bounded by a layer: trace each distinct layer once (fragments.py),
+then write the graph layer by layer from the memory-mapped checkpoint (compose.py).
+
+Peak memory is a fixed overhead (the traced templates, the graph's nodes) plus the largest of
+the outer graph's weights and one layer's weights with what is derived from them; export time
+grows with the bytes written, not with tracing each layer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ..graphs.contract import GraphContract
+from ..graphs.files import IR_VERSION
+from ..models.weights import Weights
+from .compose import DataFile, Fragment, Prepared, assemble, instantiate, prepare
+from .fragments import CTX_FIELDS, Template, layer_blocks, outer_model, signature, trace_layer, trace_outer
+
+# A rewrite of one fragment once its weights are bound (direct quantization):
+# (fragment model, layer index or -1 for the outer graph) -> the rewritten model.
+LayerPass = Callable[[onnx.ModelProto, int], onnx.ModelProto]
+
+
+@dataclass
+class Written:
+    """What write_graph did, for the manifest's provenance."""
+
+    templates: list[list[int]]  # layers sharing each traced template
+    trace_seconds: float
+    write_seconds: float
+    fusion: dict[str, Any] | None
+    passes: dict[str, int] = field(default_factory=dict)
+    data_bytes: int = 0
+
+
+def write_graph(
+    weights: Weights,
+    path: Path,
+    contract: GraphContract | None = None,
+    *,
+    fused: bool = True,
+    fuse_norms: bool = True,
+    layer_pass: LayerPass | None = None,
+    float_copy: Path | None = None,
+    say: Callable[[str], None] = lambda msg: None,
+) -> Written:
+    """Write the model's ONNX graph at `path` (weights in `path`.data above
+    onnx_export.EXTERNAL_DATA_THRESHOLD bytes of float32 weights, inline below).
+    layer_pass rewrites each fragment before it is written (direct quantization); float_copy,
+    with a layer_pass, also writes the graph as it was before the pass there. `contract` is
+    the export's graph contract (built from the config when not given)."""
+    cfg = weights.cfg
+    contract = contract or GraphContract.of(cfg)
+    t0 = time.perf_counter()
+    outer = outer_model(cfg)
+    layers = list(range(cfg.num_layers))
+    blocks, shared = layer_blocks(cfg, layers)
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for i in layers:
+        groups.setdefault(signature(cfg, outer, i, blocks[i], shared, contract), []).append(i)
+    say(f"tracing {len(groups)} distinct layers of {cfg.num_layers} and the outer graph")
+    templates = {}
+    for members in groups.values():
+        templates[members[0]] = trace_layer(cfg, outer, members[0], blocks[members[0]], shared, fused, contract)
+    outer_t = trace_outer(cfg, outer, fused, contract)
+    del blocks
+    fusion = _fuse([outer_t, *templates.values()], groups) if fused and fuse_norms else None
+    for t in [outer_t, *templates.values()]:
+        _annotate(t.model)
+    preps = {j: prepare(t, _weight_pattern(j), fused) for j, t in templates.items()}
+    outer_p = prepare(outer_t, _weight_pattern(-1), fused)
+    owner = {i: members[0] for members in groups.values() for i in members}
+    trace_s = time.perf_counter() - t0
+
+    from . import onnx_export
+
+    external = weights.nbytes() > onnx_export.EXTERNAL_DATA_THRESHOLD
+    data = DataFile(path.with_name(path.name + ".data")) if external else None
+    copy = Copy(float_copy, external, contract) if float_copy is not None else None
+    node_names: set[str] = set()
+    passes: dict[str, int] = {}
+    fragments: list[Fragment] = []
+    last = cfg.num_layers - 1
+    try:
+        say("writing the outer graph")
+        graph = outer_t.model.graph
+        outer_io = {v.name: v.name for v in [*graph.input, *graph.output] if not v.name.startswith("w:")}
+        outer_io |= {"x.last": f"/model/layers.{last}/x.out", "r.last": f"/model/layers.{last}/r.out"}
+        frag = instantiate(outer_p, _read(weights, outer_p, -1), outer_io, "/model/outer", -1, node_names)
+        if layer_pass is not None:
+            if copy is not None:
+                copy.add(frag)
+            frag = _apply(layer_pass, frag, outer_io, outer_p, -1, data)
+        fragments.append(_stream(frag, data))
+        for i in layers:
+            written = f", {data.offset / 1e9:.2f} GB written" if data is not None else ""
+            say(f"layer {i + 1}/{cfg.num_layers}{written}")
+            prep = preps[owner[i]]
+            io = _layer_io(contract, prep, i)
+            frag = instantiate(prep, _read(weights, prep, i), io, f"/model/layers.{i}", i, node_names)
+            frag = _layer_passes(frag, io, prep, i, layer_pass, passes, copy, data, fused and fuse_norms)
+            fragments.append(_stream(frag, data))
+        model = assemble(fragments, contract, None)
+        if copy is not None:
+            copy.save()
+    finally:
+        if data is not None:
+            data.close()
+        if copy is not None and copy.data is not None:
+            copy.data.close()
+    model.ir_version = IR_VERSION
+    model.producer_name = "hybridrt"
+    for key, value in contract.state_metadata().items():
+        model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
+    onnx.save_model(model, str(path))
+    return Written(
+        [members for members in groups.values()],
+        trace_s,
+        time.perf_counter() - t0 - trace_s,
+        fusion,
+        passes,
+        data.offset if data is not None else 0,
+    )
+
+
+def _weight_pattern(j: int) -> Callable[[str], str]:
+    prefix = f"model.layers.{j}."
+
+    def pattern(name: str) -> str:
+        return "model.layers.{i}." + name[len(prefix) :] if j >= 0 and name.startswith(prefix) else name
+
+    return pattern
+
+
+def _read(weights: Weights, prep: Prepared, i: int) -> dict[str, np.ndarray]:
+    pattern = _weight_pattern(prep.template.index)
+    out = {}
+    for name in prep.template.weights:
+        actual = pattern(name).format(i=i)
+        out[name] = weights[actual].numpy()
+    return out
+
+
+def _layer_io(contract: GraphContract, prep: Prepared, i: int) -> dict[str, str]:
+    pasts = [s.name for s in contract.layer_pasts(i)]
+    presents = [s.name for s in contract.layer_presents(i)]
+    io = {
+        "x": "x.first" if i == 0 else f"/model/layers.{i - 1}/x.out",
+        "r": f"/model/layers.{i - 1}/r.out",
+        "ctx.embeds": "x.first",
+        "x.out": f"/model/layers.{i}/x.out",
+        "r.out": f"/model/layers.{i}/r.out",
+    }
+    io |= {f"ctx.{k}": f"ctx.{k}" for k in CTX_FIELDS}
+    io |= {f"state.{k}": n for k, n in enumerate(pasts)}
+    io |= {f"present.{k}": n for k, n in enumerate(presents)}
+    return io
+
+
+class Copy:
+    """The graph as it was before the layer pass, written beside (for a quality report)."""
+
+    def __init__(self, path: Path, external: bool, contract: GraphContract) -> None:
+        self.path, self.contract = path, contract
+        self.data = DataFile(path.with_name(path.name + ".data")) if external else None
+        self.fragments: list[Fragment] = []
+
+    def add(self, frag: Fragment) -> None:
+        """`frag`, a copy of its own (_detached), before the pass rewrites it."""
+        if self.data is None:  # new lists: _fragment_model empties the one it is given
+            frag = Fragment(list(frag.nodes), list(frag.initializers), list(frag.opsets), list(frag.value_info))
+        self.fragments.append(_stream(frag, self.data))
+
+    def save(self) -> None:
+        model = assemble(self.fragments, self.contract, None)
+        model.ir_version = IR_VERSION
+        model.producer_name = "hybridrt"
+        onnx.save_model(model, str(self.path))
+        self.fragments = []
+
+
+def _layer_passes(
+    frag: Fragment,
+    io: dict[str, str],
+    prep: Prepared,
+    i: int,
+    layer_pass: LayerPass | None,
+    counts: dict[str, int],
+    copy: Copy | None = None,
+    data: DataFile | None = None,
+    pack: bool = True,
+) -> Fragment:
+    """The rewrites that need the layer's weight values, on the layer alone."""
+    from ..models.ops import interleave_experts
+    from .fuse import expand_selective_scans, pack_qkv
+
+    model = _fragment_model(frag, io, prep)
+    if pack:  # with the norm fusion, as one switch (--no-fuse-norms keeps the exporter's graph)
+        counts["packed_qkv"] = counts.get("packed_qkv", 0) + pack_qkv(model)
+    counts["selective_scans"] = counts.get("selective_scans", 0) + expand_selective_scans(model)
+    counts["moe_interleaved"] = counts.get("moe_interleaved", 0) + interleave_experts(model)
+    if layer_pass is not None:
+        if copy is not None:
+            copy.add(_detached(model))
+        model = layer_pass(model, i)
+    return _detached(model, data)
+
+
+def _apply(
+    layer_pass: LayerPass, frag: Fragment, io: dict[str, str], prep: Prepared, i: int, data: DataFile | None
+) -> Fragment:
+    return _detached(layer_pass(_fragment_model(frag, io, prep), i), data)
+
+
+def _detached(model: onnx.ModelProto, data: DataFile | None = None) -> Fragment:
+    """The model's nodes and initializers as protos of their own (initializers written to
+    `data` when given). A message taken from a model's repeated field shares the model's
+    memory (protobuf's arena): kept, one node would keep the whole layer's weights alive
+    after they are written."""
+    nodes = [onnx.NodeProto() for _ in model.graph.node]
+    for new, node in zip(nodes, model.graph.node):
+        new.CopyFrom(node)
+    inits = []
+    for t in model.graph.initializer:
+        if data is not None:
+            inits.append(data.add(t))
+        else:
+            inits.append(onnx.TensorProto())
+            inits[-1].CopyFrom(t)
+    opsets = [onnx.OperatorSetIdProto() for _ in model.opset_import]
+    for new_o, o in zip(opsets, model.opset_import):
+        new_o.CopyFrom(o)
+    made = {o for n in model.graph.node for o in n.output}
+    info = [onnx.ValueInfoProto() for v in model.graph.value_info if v.name in made]
+    for new_v, v in zip(info, [v for v in model.graph.value_info if v.name in made]):
+        new_v.CopyFrom(v)
+    return Fragment(nodes, inits, opsets, info)
+
+
+def _fragment_model(frag: Fragment, io: dict[str, str], prep: Prepared) -> onnx.ModelProto:
+    """The fragment as a model of its own (its initializers move into it): the values it
+    reads from other fragments are its inputs and those it passes on its outputs (typed as in
+    the template), so that rewrites which drop what nothing reads keep them."""
+    template = prep.template.model.graph
+    inits = {t.name for t in frag.initializers}
+
+    def typed(v: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+        out = onnx.ValueInfoProto()
+        out.CopyFrom(v)
+        out.name = io[v.name]
+        return out
+
+    inputs = [typed(v) for v in template.input if v.name in io and io[v.name] not in inits]
+    read = {i for n in frag.nodes for i in n.input}
+    inputs = list({v.name: v for v in inputs if v.name in read}.values())
+    outputs = [typed(v) for v in template.output]
+    graph = onnx.helper.make_graph(
+        frag.nodes, "fragment", inputs, outputs, frag.initializers, value_info=frag.value_info
+    )
+    frag.initializers.clear()  # the graph holds copies now: one copy of the layer's weights at a time
+    return onnx.helper.make_model(graph, opset_imports=frag.opsets)
+
+
+def _stream(frag: Fragment, data: DataFile | None) -> Fragment:
+    if data is None:
+        return frag
+    return Fragment(frag.nodes, [data.add(t) for t in frag.initializers], frag.opsets, frag.value_info)
+
+
+def _annotate(model: onnx.ModelProto) -> None:
+    """The type of every value, from onnxruntime's symbolic shape inference (with
+    export.fuse's rules for the com.microsoft operators it does not know), as the value_info
+    quantizers read (int8-static inserts its QDQ pairs only where it knows a tensor's type)."""
+    from .fuse import _shape_helper
+
+    helper = _shape_helper(model)
+    if helper is None:
+        return
+    produced = {o for n in model.graph.node for o in n.output if o} - {v.name for v in model.graph.output}
+    del model.graph.value_info[:]
+    for name, v in sorted(helper.known_vi_.items()):
+        elem = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else 0
+        if name in produced and elem:
+            # Types only: onnxruntime plans buffers by value_info shapes, and symbolic inference
+            # may fix a size (a chunk count) that is symbolic at run time.
+            model.graph.value_info.append(onnx.helper.make_tensor_value_info(name, elem, None))
+
+
+def _fuse(templates: list[Template], groups: dict[tuple[object, ...], list[int]]) -> dict[str, Any]:
+    """RMSNorm fusion on each template (export.fuse.fuse_norms): the norms' weights need not
+    be constants for it, so it runs once per distinct layer. Counts are per model."""
+    from .fuse import FUSED_NORM_OPS, fuse_norms
+
+    size = {members[0]: len(members) for members in groups.values()}
+    total: dict[str, Any] = {}
+    for t in templates:
+        report = fuse_norms(t.model)
+        n = size.get(t.index, 1)
+        for op in FUSED_NORM_OPS:
+            total[op] = total.get(op, 0) + n * report[op]
+        total["passes"] = report["passes"]
+        total["skip_fusion"] = total.get("skip_fusion", True) and report["skip_fusion"]
+        total.setdefault("unfused", []).extend(report["unfused"])
+    return total

@@ -1,0 +1,86 @@
+"""`gated_delta`: the Gated DeltaNet rule S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t -
+exp(g_t) S_{t-1}^T k_t)^T, o_t = S_t^T q_t (delta_scan.gated_delta_scan).
+
+Glossary: b batch, l length, H heads, K key head dim, V value head dim.
+
+In ONNX it is one `LinearAttention` node with update_rule "gated_delta" (q pre-scaled,
+scale 1), whose state layout [b, H, K, V] is the contract's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..delta_scan import gated_delta_scan as _gated_delta_reference
+from . import linear_attention
+from .registry import FusedOp, register
+
+
+@torch.library.custom_op("hybridrt::gated_delta", mutates_args=())
+def _gated_delta_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    s0: torch.Tensor,
+    chunk: int,
+    max_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    o, s = _gated_delta_reference(q, k, v, g, beta, s0, chunk, max_len)
+    return o.contiguous(), s.contiguous()
+
+
+@_gated_delta_op.register_fake
+def _(q, k, v, g, beta, s0, chunk, max_len):  # type: ignore[no-untyped-def]
+    return torch.empty_like(v), torch.empty_like(s0)
+
+
+def gated_delta(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    s0: torch.Tensor,
+    chunk: int,
+    max_len: int,
+    *,
+    fused: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k [b, l, H, K], v [b, l, H, V], g, beta [b, l, H], s0 [b, H, K, V] -> o [b, l, H, V], s [b, H, K, V]."""
+    if fused:
+        return _gated_delta_op(q, k, v, g, beta, s0, chunk, max_len)
+    return _gated_delta_reference(q, k, v, g, beta, s0, chunk, max_len)
+
+
+def _translation() -> Callable[..., Any]:
+    from onnxscript import opset20
+
+    op: Any = opset20  # onnxscript's stubs do not type python constants as tensors
+    linear_attention_node = linear_attention.linear_attention_op()
+
+    def gated_delta_onnx(q, k, v, g, beta, s0, chunk, max_len):  # type: ignore[no-untyped-def]
+        H = v.shape[2]
+        packed = op.Constant(value_ints=[0, 0, -1])
+        y, state = linear_attention_node(
+            op.Reshape(q, packed),
+            op.Reshape(k, packed),
+            op.Reshape(v, packed),
+            s0,
+            g,
+            beta,
+            update_rule="gated_delta",
+            q_num_heads=H,
+            kv_num_heads=H,
+            scale=1.0,
+        )
+        return op.Reshape(y, op.Shape(v)), state
+
+    return gated_delta_onnx
+
+
+register(FusedOp("gated_delta", _translation, shapes={"LinearAttention": linear_attention.infer_shapes}))

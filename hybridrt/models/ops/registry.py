@@ -1,0 +1,114 @@
+"""What export needs of each fused op, registered by the op's own module, and the switch that
+routes a model's calls through the custom ops.
+
+A module whose forward calls one of these ops subclasses `UsesFusedOps` and passes its
+`fused` to the call. `fused` is False (the PyTorch reference: eager runs, training,
+TorchScript and pt2 graphs, which LibTorch and ExecuTorch then load without hybridrt) except
+while the model is exported to ONNX (`fused_ops`), where each call becomes its custom op and
+torch.onnx translates that into an onnxruntime operator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+import torch
+from torch import nn
+
+# The domain of export-time placeholders that an op's `expand` replaces before the graph is saved.
+SCAN_DOMAIN = "hybridrt.export"
+
+# A shape rule: rule(helper, node) fills in the node's output value infos (helper: onnxruntime's
+# SymbolicShapeInferenceHelper, export.fuse).
+ShapeRule = Callable[[Any, onnx.NodeProto], None]
+
+
+@dataclass(frozen=True)
+class FusedOp:
+    """One fused op's export side.
+
+    name: the custom op is torch.ops.hybridrt.<name>.
+    translation: builds the onnxscript function for torch.onnx's custom_translation_table
+        (onnxscript is imported only when a graph is exported).
+    shapes: ONNX op type -> ShapeRule, for the nodes of its translation that onnxruntime's
+        symbolic shape inference does not know (it stops at them, and the RMSNorm fusion then
+        matches nothing after them).
+    expand: replaces the op's placeholder nodes in an exported graph, in place, and returns
+        how many; None where the translation is already the final graph.
+    """
+
+    name: str
+    translation: Callable[[], Callable[..., Any]]
+    shapes: Mapping[str, ShapeRule] = field(default_factory=dict)
+    expand: Callable[[onnx.ModelProto], int] | None = None
+
+
+FUSED_OPS: dict[str, FusedOp] = {}
+
+
+def register(op: FusedOp) -> FusedOp:
+    FUSED_OPS[op.name] = op
+    return op
+
+
+def onnx_translations() -> dict[object, object]:
+    """custom_translation_table entries for torch.onnx.export: every fused op's, and softplus."""
+    table: dict[object, object] = {torch.ops.aten.softplus.default: _softplus_translation()}
+    for name in sorted(FUSED_OPS):
+        table[getattr(torch.ops.hybridrt, name).default] = FUSED_OPS[name].translation()
+    return table
+
+
+def shape_rules() -> dict[str, ShapeRule]:
+    """ONNX op type -> ShapeRule, over every fused op."""
+    return {op_type: rule for op in FUSED_OPS.values() for op_type, rule in op.shapes.items()}
+
+
+def expand_placeholders(model: onnx.ModelProto) -> int:
+    """Every fused op's placeholders in `model` replaced (FusedOp.expand), in place; the count."""
+    return sum(op.expand(model) for op in FUSED_OPS.values() if op.expand is not None)
+
+
+def _softplus_translation() -> Callable[..., Any]:
+    from onnxscript import opset20
+
+    op: Any = opset20  # onnxscript's stubs do not type python constants as tensors
+
+    def softplus_onnx(x, beta=1.0, threshold=20.0):  # type: ignore[no-untyped-def]
+        # onnxruntime's Softplus is stable for large inputs and within 1e-9 of torch's
+        # thresholded one, so the Greater/Where of torch's decomposition are not needed.
+        if beta == 1.0:
+            return op.Softplus(x)
+        return op.Div(op.Softplus(op.Mul(x, beta)), beta)
+
+    return softplus_onnx
+
+
+class UsesFusedOps:
+    """Base of the modules that call the fused ops: `fused` is what they pass to each call."""
+
+    fused: bool = False
+
+
+def set_fused(module: nn.Module, fused: bool) -> None:
+    """Set `fused` on every UsesFusedOps module within `module` (itself included)."""
+    for m in module.modules():
+        if isinstance(m, UsesFusedOps):
+            m.fused = fused
+
+
+@contextlib.contextmanager
+def fused_ops(module: nn.Module, fused: bool = True) -> Iterator[None]:
+    """Within this block, the modules of `module` call the custom ops if `fused` (for ONNX
+    export); each module's previous setting is restored afterwards."""
+    previous = [(m, m.fused) for m in module.modules() if isinstance(m, UsesFusedOps)]
+    set_fused(module, fused)
+    try:
+        yield
+    finally:
+        for m, was in previous:
+            m.fused = was

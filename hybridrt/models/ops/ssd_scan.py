@@ -1,0 +1,117 @@
+"""`ssd_scan`: the Mamba2 recurrence h_t = exp(g_t) h_{t-1} + x_t B_t^T, y_t = h_t C_t with a
+scalar decay g per head.
+
+Glossary: b batch, l length, H heads, P head_dim, G groups (B and C are shared by the H / G
+heads of a group), n d_state.
+
+In ONNX it is one `LinearAttention` node with a decay of shape [b, l, H] (k = B, v = dt x,
+q = C, scale 1), fed in the packed [b, l, channels] layout with constant shapes. The contract
+keeps the state in that node's layout, [b, H, n, P], so a step transposes nothing; the
+PyTorch scan works in [b, H, P, n].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..scan import ssd_scan as _ssd_reference
+from . import linear_attention
+from .registry import FusedOp, register
+
+
+def _ssd_packed(
+    xs: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    h0: torch.Tensor,
+    chunk: int,
+    max_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    b, l = xs.shape[0], xs.shape[1]
+    H, n, P = h0.shape[1], h0.shape[2], h0.shape[3]
+    G = B.shape[-1] // n
+
+    def heads(t: torch.Tensor) -> torch.Tensor:  # [b, l, G n] -> [b, l, H, n]: a group serves H / G heads
+        return t.view(b, l, G, 1, n).expand(b, l, G, H // G, n).reshape(b, l, H, n)
+
+    xdt = xs.view(b, l, H, P) * dt.unsqueeze(-1)
+    y, h = _ssd_reference(xdt, dt * A, heads(B), heads(C), h0.transpose(-1, -2), chunk, max_len)
+    return y.reshape(b, l, H * P), h.transpose(-1, -2)
+
+
+@torch.library.custom_op("hybridrt::ssd_scan", mutates_args=())
+def _ssd_scan_op(
+    xs: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    h0: torch.Tensor,
+    chunk: int,
+    max_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    y, h = _ssd_packed(xs, dt, A, B, C, h0, chunk, max_len)
+    return y.contiguous(), h.contiguous()
+
+
+@_ssd_scan_op.register_fake
+def _(xs, dt, A, B, C, h0, chunk, max_len):  # type: ignore[no-untyped-def]
+    return torch.empty_like(xs), torch.empty_like(h0)
+
+
+def ssd_scan(
+    xs: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    h0: torch.Tensor,
+    chunk: int,
+    max_len: int,
+    *,
+    fused: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Mamba2 scan on packed channels: xs [b, l, H P], dt [b, l, H], A [H], B, C [b, l, G n],
+    h0 [b, H, n, P] -> y [b, l, H P] (without the D skip), h [b, H, n, P].
+
+    Head h reads x channels h P .. h P + P - 1 and the B and C of group h // (H / G); the
+    state layout is the graph contract's. scan.ssd_scan computes it in [b, H, P, n]."""
+    if fused:
+        return _ssd_scan_op(xs, dt, A, B, C, h0, chunk, max_len)
+    return _ssd_packed(xs, dt, A, B, C, h0, chunk, max_len)
+
+
+def _translation() -> Callable[..., Any]:
+    from onnxscript import opset20
+
+    op: Any = opset20  # onnxscript's stubs do not type python constants as tensors
+    linear_attention_node = linear_attention.linear_attention_op()
+
+    def ssd_scan_onnx(xs, dt, A, B, C, h0, chunk, max_len):  # type: ignore[no-untyped-def]
+        # Everything in the packed [b, l, channels] layout LinearAttention takes: no shape is
+        # computed at run time, and one group's B and C are tiled to its heads.
+        H, n, P = h0.shape[1], h0.shape[2], h0.shape[3]
+        G = B.shape[2] // n
+        packed = op.Constant(value_ints=[0, 0, -1])
+        xdt = op.Reshape(op.Mul(op.Reshape(xs, op.Constant(value_ints=[0, 0, H, P])), op.Unsqueeze(dt, [3])), packed)
+        if G == 1:
+            heads = op.Constant(value_ints=[1, 1, H])
+            q, k = op.Tile(C, heads), op.Tile(B, heads)
+        else:
+            grouped, tile = op.Constant(value_ints=[0, 0, G, 1, n]), op.Constant(value_ints=[1, 1, 1, H // G, 1])
+            q = op.Reshape(op.Expand(op.Reshape(C, grouped), tile), packed)
+            k = op.Reshape(op.Expand(op.Reshape(B, grouped), tile), packed)
+        y, state = linear_attention_node(
+            q, k, xdt, h0, op.Mul(dt, A), update_rule="gated", q_num_heads=H, kv_num_heads=H, scale=1.0
+        )
+        return y, state
+
+    return ssd_scan_onnx
+
+
+register(FusedOp("ssd_scan", _translation, shapes={"LinearAttention": linear_attention.infer_shapes}))

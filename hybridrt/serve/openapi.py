@@ -1,0 +1,360 @@
+"""The OpenAPI 3.1 description of `hybridrt serve`'s routes, served at GET /openapi.json.
+
+Plain data (no framework): request bodies as JSON schemas with the bounds that protocol.py and
+chat.py check (the served model's name, max length and vocabulary fill them in), responses
+with OpenAI's shapes, every error with OpenAI's {"error": {...}} body.
+
+What a JSON schema cannot say, the server checks on top: a prompt's tokens plus max_tokens
+within the model's max length, prompts x n at most MAX_CHOICES, max_tokens 0 only with echo,
+min_tokens at most max_tokens, top_logprobs only with logprobs: true, a response_format
+schema that compiles, tool names unique, a named tool_choice among tools.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .chat import ROLES
+from .logprobs import MAX_COMPLETION_LOGPROBS, MAX_TOP_LOGPROBS
+from .protocol import MAX_CHOICES, MAX_STOPS
+
+ERRORS = {
+    400: "a request the client can fix (unknown field, bad value, prompt too long)",
+    401: "missing or wrong API key",
+    404: "unknown model",
+    413: "request body too large",
+    429: "too many requests waiting; retry after Retry-After seconds",
+    503: "the model is loading, failed to load, or the server is shutting down",
+    504: "the request took longer than the server's request timeout",
+    500: "generation failed",
+}
+FINISH = {"type": ["string", "null"], "enum": ["stop", "length", "tool_calls", None]}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _null(schema: dict[str, Any]) -> dict[str, Any]:
+    """schema, or null (the server takes null as "left out")."""
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return schema | {"type": [kind, "null"]}
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _obj(props: dict[str, Any], required: tuple[str, ...] = (), closed: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "object", "properties": props}
+    if required:
+        out["required"] = list(required)
+    if closed:
+        out["additionalProperties"] = False
+    return out
+
+
+def _needs(name: str, when: dict[str, Any], other: str, value: Any) -> dict[str, Any]:
+    """`other` must be `value` where `name` matches `when` (JSON schema if/then)."""
+    return {
+        "if": {"properties": {name: when}, "required": [name]},
+        "then": {"properties": {other: {"const": value}}, "required": [other]},
+    }
+
+
+def _int(low: int, high: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "integer", "minimum": low}
+    if high is not None:
+        out["maximum"] = high
+    return out
+
+
+def common(name: str, max_length: int | None) -> dict[str, Any]:
+    """Fields of both request bodies (protocol.COMMON, and response_format)."""
+    top = None if max_length is None else max_length - 1
+    return {
+        "model": {"type": "string", "enum": [name], "description": "the served model (GET /v1/models)"},
+        "max_tokens": _null(_int(1, top) | {"description": "new tokens at most (0 only with echo)"}),
+        "min_tokens": _null(_int(0, top)),
+        "temperature": _null({"type": "number", "minimum": 0, "maximum": 2, "description": "0: greedy"}),
+        "top_p": _null({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+        "top_k": _null(_int(-1) | {"description": "-1 or 0: off"}),
+        "n": _null(_int(1, MAX_CHOICES)),
+        "stream": _null({"type": "boolean"}),
+        "stream_options": _null(
+            _obj(
+                {"include_usage": _null({"type": "boolean"}), "continuous_usage_stats": _null({"type": "boolean"})},
+                closed=True,
+            )
+        ),
+        "ignore_eos": _null({"type": "boolean"}),
+        "stop": {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": MAX_STOPS},
+                {"type": "null"},
+            ]
+        },
+        "seed": _null(_int(0, 2**63 - 1)),
+        "presence_penalty": _null({"type": "number", "minimum": -2, "maximum": 2}),
+        "frequency_penalty": _null({"type": "number", "minimum": -2, "maximum": 2}),
+        "repetition_penalty": _null({"type": "number", "exclusiveMinimum": 0, "maximum": 100}),
+        "user": _null({"type": "string"}),
+        "logit_bias": _null({"type": "object", "maxProperties": 0, "description": "not supported: {} only"}),
+        "response_format": _null(response_format()),
+    }
+
+
+def response_format() -> dict[str, Any]:
+    """text, json_object, or json_schema: the reply is decoded under the schema (grammar.py)."""
+    kind = {"type": "string", "enum": ["text", "json_object"]}
+    spec = _obj(
+        {
+            "name": {"type": "string"},
+            "description": {"type": "string"},
+            "schema": {"type": "object", "description": "a JSON schema the reply is valid against"},
+            "strict": _null({"type": "boolean"}),
+        },
+        ("name",),
+        closed=True,
+    )
+    schema = _obj({"type": {"const": "json_schema"}, "json_schema": spec}, ("type", "json_schema"), closed=True)
+    return {"anyOf": [_obj({"type": kind}, ("type",), closed=True), schema]}
+
+
+def tools() -> dict[str, Any]:
+    """Request fields of function calling (tools.py)."""
+    name = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}
+    function = _obj(
+        {
+            "name": name,
+            "description": {"type": "string"},
+            "parameters": {"type": "object", "description": "a JSON schema of the arguments"},
+            "strict": _null({"type": "boolean"}),
+        },
+        ("name",),
+        closed=True,
+    )
+    tool = _obj({"type": {"const": "function"}, "function": function}, ("type", "function"), closed=True)
+    named = _obj(
+        {"type": {"const": "function"}, "function": _obj({"name": name}, ("name",), closed=True)},
+        ("type", "function"),
+        closed=True,
+    )
+    choice = {"type": "string", "enum": ["none", "auto", "required"]}
+    return {
+        "tools": _null({"type": "array", "items": tool}),
+        "tool_choice": {
+            "anyOf": [choice, named, {"type": "null"}],
+            "description": "required and a named function are enforced by constrained decoding; a name must be "
+            "among tools, and required needs tools",
+        },
+        "parallel_tool_calls": _null({"type": "boolean"}),
+    }
+
+
+def completion_request(name: str, max_length: int | None, vocab: int | None) -> dict[str, Any]:
+    top = None if max_length is None else max_length - 1
+    ids = {"type": "array", "minItems": 1, "items": _int(0, None if vocab is None else vocab - 1)}
+    if top is not None:
+        ids["maxItems"] = top
+    text = {"type": "string", "minLength": 1}
+    prompt = {
+        "anyOf": [
+            text,
+            {"type": "array", "minItems": 1, "maxItems": MAX_CHOICES, "items": text},
+            ids,
+            {"type": "array", "minItems": 1, "maxItems": MAX_CHOICES, "items": ids},
+        ],
+        "description": "a text, a list of texts, token ids, or a list of token-id lists",
+    }
+    props = common(name, max_length) | {
+        "prompt": prompt,
+        "max_tokens": _null(_int(0, top) | {"description": "new tokens at most (default 16; 0 only with echo)"}),
+        "echo": _null({"type": "boolean", "description": "return the prompt before the completion"}),
+        "logprobs": _null(_int(0, MAX_COMPLETION_LOGPROBS) | {"description": "alternatives per token"}),
+        "best_of": _null(_int(1, 1)),
+        "suffix": _null({"type": "string", "maxLength": 0}),
+    }
+    return _obj(props, ("model", "prompt"), closed=True) | _needs("max_tokens", {"const": 0}, "echo", True)
+
+
+def chat_request(name: str, max_length: int | None) -> dict[str, Any]:
+    top = None if max_length is None else max_length - 1
+    part = _obj({"type": {"const": "text"}, "text": {"type": "string"}}, ("type", "text"))
+    content = {"anyOf": [{"type": "string"}, {"type": "array", "items": part}]}
+    arguments = {"type": ["string", "object"], "description": "JSON text or its object"}
+    call = _obj({"function": _obj({"name": {"type": "string"}, "arguments": arguments}, ("name",))}, ("function",))
+    plain = _obj({"role": {"type": "string", "enum": list(ROLES)}, "content": content}, ("role", "content"))
+    calls = _obj(
+        {
+            "role": {"const": "assistant"},
+            "content": {"anyOf": [content, {"type": "null"}]},
+            "tool_calls": {"type": "array", "minItems": 1, "items": call},
+        },
+        ("role", "tool_calls"),
+    )
+    message = {"anyOf": [plain, calls], "description": "a tool message's tool_call_id and name go to the template"}
+    props = (
+        common(name, max_length)
+        | {
+            "messages": {"type": "array", "minItems": 1, "items": message},
+            "max_completion_tokens": _null(_int(1, top)),
+            "logprobs": _null({"type": "boolean"}),
+            "top_logprobs": _null(_int(0, MAX_TOP_LOGPROBS) | {"description": "with logprobs: true only"}),
+        }
+        | tools()
+    )
+    return _obj(props, ("model", "messages"), closed=True) | _needs(
+        "top_logprobs", {"type": "integer"}, "logprobs", True
+    )
+
+
+def _responses() -> dict[str, Any]:
+    """Response schemas: OpenAI's completion, chat completion, model list, usage, error."""
+    num = {"type": "number"}
+    token = _obj({"token": {"type": "string"}, "logprob": num, "bytes": {"type": "array", "items": _int(0, 255)}})
+    chat_token = token | {"required": ["token", "logprob", "bytes", "top_logprobs"]}
+    chat_token["properties"] = token["properties"] | {"top_logprobs": {"type": "array", "items": token}}
+    maybe_num = {"type": ["number", "null"]}
+    completion_logprobs = _obj(
+        {
+            "tokens": {"type": "array", "items": {"type": "string"}},
+            "token_logprobs": {"type": "array", "items": maybe_num},
+            "top_logprobs": {"type": "array", "items": {"anyOf": [{"type": "object"}, {"type": "null"}]}},
+            "text_offset": {"type": "array", "items": _int(0)},
+        },
+        ("tokens", "token_logprobs", "top_logprobs", "text_offset"),
+    )
+    chat_logprobs = _obj({"content": {"type": "array", "items": chat_token}}, ("content",))
+    base = {"id": {"type": "string"}, "created": {"type": "integer"}, "model": {"type": "string"}}
+    cached = _obj({"cached_tokens": _int(0)})
+    counts = {k: _int(0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    usage = _obj(counts | {"prompt_tokens_details": cached}, tuple(counts))
+    call = _obj(
+        {
+            "id": {"type": "string"},
+            "type": {"const": "function"},
+            "function": _obj({"name": {"type": "string"}, "arguments": {"type": "string"}}, ("name", "arguments")),
+        },
+        ("id", "type", "function"),
+    )
+    message = _obj(
+        {
+            "role": {"const": "assistant"},
+            "content": {"type": ["string", "null"], "description": "null when the reply is tool calls only"},
+            "tool_calls": {"type": "array", "items": call},
+        },
+        ("role", "content"),
+    )
+    choice = {"index": _int(0), "finish_reason": FINISH}
+    text_choice = choice | {"text": {"type": "string"}, "logprobs": _null(_ref("CompletionLogprobs"))}
+    chat_choice = choice | {"message": message, "logprobs": _null(_ref("ChatLogprobs"))}
+    every = ("id", "object", "created", "model", "choices", "usage")
+
+    def body(kind: str, one: dict[str, Any], needed: tuple[str, ...]) -> dict[str, Any]:
+        items = _obj(one, ("index", "finish_reason", "logprobs", *needed))
+        return _obj(
+            base | {"object": {"const": kind}, "choices": {"type": "array", "items": items}, "usage": usage}, every
+        )
+
+    card = _obj(
+        {
+            "id": {"type": "string"},
+            "object": {"const": "model"},
+            "created": {"type": "integer"},
+            "owned_by": {"type": "string"},
+            "max_model_len": _int(1),
+        },
+        ("id", "object", "created", "owned_by"),
+    )
+    error = _obj(
+        {
+            "message": {"type": "string"},
+            "type": {"type": "string"},
+            "param": {"type": ["string", "null"]},
+            "code": {"type": ["string", "null"]},
+        },
+        ("message", "type", "param", "code"),
+    )
+    return {
+        "Completion": body("text_completion", text_choice, ("text",)),
+        "ChatCompletion": body("chat.completion", chat_choice, ("message",)),
+        "CompletionLogprobs": completion_logprobs,
+        "ChatLogprobs": chat_logprobs,
+        "ModelList": _obj({"object": {"const": "list"}, "data": {"type": "array", "items": card}}, ("object", "data")),
+        "Health": _obj({"status": {"type": "string"}, "error": {"type": "string"}}, ("status",)),
+        "Error": _obj({"error": error}, ("error",)),
+    }
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    return {str(c): _json(_ref("Error"), ERRORS[c]) for c in codes}
+
+
+def _generate(summary: str, request: str, response: str) -> dict[str, Any]:
+    stream = _obj(  # one event (OpenAPI 3.1: the schema of each event of a stream)
+        {"data": {"type": "string"}, "event": {"type": "string"}},
+        ("data",),
+    ) | {"description": "server-sent events (stream: true): data is a chunk's JSON, the last one [DONE]"}
+    ok = _json(_ref(response), "the whole response, or with stream: true its chunks as server-sent events")
+    ok["content"]["text/event-stream"] = {"schema": stream}
+    body = {"required": True, "content": {"application/json": {"schema": _ref(request)}}}
+    responses = {"200": ok} | _errors(400, 401, 404, 413, 429, 500, 503, 504)
+    return {"post": {"summary": summary, "operationId": request, "requestBody": body, "responses": responses}}
+
+
+def spec(name: str, max_length: int | None = None, vocab: int | None = None, api_key: bool = True) -> dict[str, Any]:
+    """The description of the server of model `name` (max length and vocabulary: its bounds,
+    left open while the model loads); with `api_key`, every route but /health and this one
+    needs `Authorization: Bearer KEY`."""
+    public: list[dict[str, Any]] = []  # no API key
+    health = {"200": _json(_ref("Health"), "ready"), "503": _json(_ref("Health"), "loading, failed or stopping")}
+    metrics = {
+        "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
+    }
+    paths = {
+        "/health": {"get": {"summary": "Readiness", "operationId": "health", "security": public, "responses": health}},
+        "/metrics": {
+            "get": {"summary": "Prometheus metrics", "operationId": "metrics", "responses": metrics | _errors(401)}
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "This description",
+                "operationId": "openapi",
+                "security": public,
+                "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")},
+            }
+        },
+        "/v1/models": {
+            "get": {
+                "summary": "The served model",
+                "operationId": "models",
+                "responses": {"200": _json(_ref("ModelList"), "one model")} | _errors(401, 503),
+            }
+        },
+        "/v1/completions": _generate("Text completion", "CompletionRequest", "Completion"),
+        "/v1/chat/completions": _generate("Chat completion", "ChatCompletionRequest", "ChatCompletion"),
+    }
+    schemas = _responses() | {
+        "CompletionRequest": completion_request(name, max_length, vocab),
+        "ChatCompletionRequest": chat_request(name, max_length),
+    }
+    out: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "hybridrt serve", "version": _version(), "description": __doc__.split("\n\n")[0]},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
+    if api_key:
+        out["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        out["security"] = [{"bearer": []}]
+    return out
+
+
+def _version() -> str:
+    from .._version import __version__
+
+    return str(__version__)

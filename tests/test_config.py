@@ -1,0 +1,120 @@
+"""HybridConfig: parameters owned by layer kinds and families, carried in the config and read as
+attributes; serialization that keeps older manifests loadable and refuses what it cannot place."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from hybridrt.config import FAMILY_PARAMS, HybridConfig, kind_params_classes
+from hybridrt.kinds import LAYER_KINDS, GatedDeltaParams, LayerKind, StateDecl, register_kind
+from hybridrt.models.registry import FAMILIES, Family, register
+
+BASE = dict(model_type="t", vocab_size=64, hidden_size=16, num_attention_heads=2, num_key_value_heads=2)
+
+
+def _gdn(**params: object) -> HybridConfig:
+    return HybridConfig.make(
+        **BASE,
+        layer_types=("gated_delta", "attention"),
+        ffn_types=("mlp", "mlp"),
+        gdn_k_heads=2,
+        gdn_v_heads=4,
+        gdn_k_head_dim=8,
+        gdn_v_head_dim=4,
+        **params,
+    )
+
+
+def test_kind_parameters_read_as_attributes_and_nest_in_the_dict() -> None:
+    cfg = _gdn(gdn_beta_scale=2.0)
+    assert cfg.kind_params["gated_delta"] == GatedDeltaParams(2, 4, 8, 4, gdn_beta_scale=2.0)
+    assert (cfg.gdn_k_heads, cfg.gdn_beta_scale, cfg.gdn_conv_dim) == (2, 2.0, 2 * 2 * 8 + 4 * 4)
+    assert cfg.conv_kernel == 3  # a kind no layer uses answers with its defaults
+    data = cfg.to_dict()
+    assert "gdn_k_heads" not in data and data["kind_params"]["gated_delta"]["gdn_v_heads"] == 4
+    assert HybridConfig.from_dict(json.loads(json.dumps(data))) == cfg
+    with pytest.raises(AttributeError, match="nope"):
+        _ = cfg.nope
+
+
+def test_older_flat_manifest_config_still_loads() -> None:
+    """Manifests written before kinds owned their parameters hold them as top-level fields,
+    those of kinds the model does not use included (at their defaults)."""
+    cfg = _gdn()
+    flat = {k: v for k, v in cfg.to_dict().items() if k not in ("kind_params", "family_params")}
+    flat |= dataclasses.asdict(cfg.kind_params["gated_delta"]) | {"conv_kernel": 3, "conv_bias": False}
+    assert HybridConfig.from_dict(json.loads(json.dumps(flat))) == cfg
+
+
+def test_unknown_keys_are_refused_by_name() -> None:
+    """Regression: from_dict dropped keys it did not know, so a family's field vanished."""
+    data = _gdn().to_dict()
+    with pytest.raises(ValueError, match="'gdn_heads'"):
+        HybridConfig.from_dict(data | {"gdn_heads": 3})
+    data["kind_params"]["gated_delta"]["gdn_heads"] = 3
+    with pytest.raises(ValueError, match="'gdn_heads'"):
+        HybridConfig.from_dict(data)
+    with pytest.raises(ValueError, match="'mamba'"):
+        HybridConfig.make(**BASE, layer_types=("attention",), ffn_types=("mlp",), kind_params={"mamba": {}})
+
+
+def test_parameter_names_are_unambiguous() -> None:
+    """A name read as an attribute resolves to one owner: no kind's parameter shadows a field
+    or another kind's parameter."""
+    own = {f.name for f in dataclasses.fields(HybridConfig)}
+    seen: set[str] = set()
+    for cls in kind_params_classes().values():
+        names = {f.name for f in dataclasses.fields(cls)}
+        assert not names & own and not names & seen
+        seen |= names
+
+
+@dataclass(frozen=True)
+class ToyKindParams:
+    toy_width: int = 4
+
+
+@dataclass(frozen=True)
+class ToyFamilyParams:
+    toy_scale: float = 1.0
+    toy_tags: tuple[str, ...] = ()
+
+
+@pytest.fixture
+def toy_params() -> Iterator[None]:
+    register_kind(
+        LayerKind("toy", "toy_kind:EmaMixer", (StateDecl("s", lambda c: (c.toy_width,)),), "toy", params=ToyKindParams)
+    )
+    register(Family("toy_family", lambda hf: HybridConfig.make(**hf), params=ToyFamilyParams))
+    try:
+        yield
+    finally:
+        LAYER_KINDS.pop("toy")
+        FAMILIES.pop("toy_family")
+        FAMILY_PARAMS.pop("toy_family")
+
+
+def test_a_kind_and_a_family_from_outside_own_their_parameters(toy_params: None) -> None:
+    from hybridrt.graphs.contract import GraphContract
+
+    cfg = FAMILIES["toy_family"].translate(
+        BASE
+        | {"model_type": "toy_family", "layer_types": ("toy",), "ffn_types": ("none",)}
+        | {"toy_width": 6, "toy_scale": 0.5, "toy_tags": ("a",)}
+    )
+    assert (cfg.toy_width, cfg.toy_scale, cfg.toy_tags) == (6, 0.5, ("a",))
+    assert cfg.family_params == ToyFamilyParams(0.5, ("a",))
+    assert GraphContract.of(cfg).pasts[0].dims == ("batch", 6)
+    data = json.loads(json.dumps(cfg.to_dict()))
+    assert data["family_params"] == {"toy_scale": 0.5, "toy_tags": ["a"]}
+    assert HybridConfig.from_dict(data) == cfg
+    FAMILY_PARAMS.pop("toy_family")  # a manifest read where the family is not installed
+    kept = HybridConfig.from_dict(data)
+    assert kept.family_params == {"toy_scale": 0.5, "toy_tags": ["a"]} and kept.toy_scale == 0.5
+    assert kept.to_dict()["family_params"] == data["family_params"]
+    FAMILY_PARAMS["toy_family"] = ToyFamilyParams

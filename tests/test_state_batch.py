@@ -1,0 +1,151 @@
+"""The runtime's state batch (Model.stepper): rows join, leave, are copied out and written in,
+and calls are taken back, each row continuing exactly as it would alone. The server engine,
+beam search and speculative decoding all run on it.
+
+"device": BoundStepper's path for states off the host (OrtValues it never reads as numpy
+arrays between calls), which runs on the CPU as well when the stepper does not treat its
+buffers as host arrays; on a GPU it is the path every call takes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hybridrt
+from hybridrt.errors import GenerationError
+from hybridrt.runtime.bound import BoundStepper
+from hybridrt.runtime.decode import prefill
+from hybridrt.runtime.sampling import GenerationConfig
+from hybridrt.runtime.state import PlainStepper, Stepper
+from hybridrt.serve.engine import Engine, EngineConfig, Request, Update
+
+KINDS = ["plain", "host", "device"]
+
+
+def stepper_of(model: Any, kind: str, batch: int, capacity: int) -> Stepper:
+    """A state batch of one of KINDS."""
+    args = (model.inference_session, model.manifest, batch, capacity)
+    if kind == "plain":
+        return PlainStepper(*args)
+    stepper = BoundStepper(*args, model.device)
+    stepper.on_host = kind == "host"
+    return stepper
+
+
+def _prompt(n: int, start: int = 3) -> list[int]:
+    return [(start + 7 * i) % 97 + 3 for i in range(n)]
+
+
+def _steps(stepper: Stepper, tokens: list[int], n: int) -> list[np.ndarray]:
+    """Logits of n decode steps, each row fed its own token + step."""
+    out = []
+    for step in range(n):
+        ids = np.asarray([[t + step] for t in tokens], dtype=np.int64)
+        out.append(stepper.forward(ids).copy())
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_join_and_leave_as_if_alone(jamba_onnx: Path, kind: str) -> None:
+    """Two sequences prefilled apart (different capacities), joined into one batch, then one
+    leaves: every row's logits equal those of its sequence run alone, across a KV regrowth."""
+    model = hybridrt.load(jamba_onnx)
+    a, b = _prompt(5), _prompt(9, start=11)
+    alone_a, alone_b = stepper_of(model, kind, 1, 6), stepper_of(model, kind, 1, 16)
+    prefill(alone_a, [a])
+    prefill(alone_b, [b])
+    want_a, want_b = _steps(alone_a, [40], 6), _steps(alone_b, [50], 6)
+
+    batch, other = stepper_of(model, kind, 1, 6), stepper_of(model, kind, 1, 16)
+    prefill(batch, [a])
+    prefill(other, [b])
+    batch.extend(other)
+    assert batch.batch == 2 and batch.lengths.tolist() == [5, 9] and batch.capacity == 16
+    got = _steps(batch, [40, 50], 3)
+    for step in range(3):
+        np.testing.assert_allclose(got[step][0], want_a[step][0], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(got[step][1], want_b[step][0], rtol=0, atol=1e-5)
+    batch.reorder([1])  # the first sequence leaves
+    assert batch.batch == 1 and batch.lengths.tolist() == [12]
+    for step, logits in enumerate(_steps(batch, [53], 3)):
+        np.testing.assert_allclose(logits[0], want_b[step + 3][0], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_copied_out_continues_in_another_batch(jamba_onnx: Path, kind: str) -> None:
+    """row(r) -> set_row: the prefix cache's round trip; KV cut to the row's length, then
+    padded to the new batch's capacity."""
+    model = hybridrt.load(jamba_onnx)
+    source = stepper_of(model, kind, 2, 32)
+    prefill(source, [_prompt(7), _prompt(4)])
+    snapshot = source.row(1)
+    assert snapshot.length == 4 and snapshot.nbytes > 0
+    target = stepper_of(model, kind, 3, 20)
+    target.set_row(2, snapshot.states, snapshot.length)
+    assert target.lengths.tolist() == [0, 0, 4]
+    want = _steps(source, [60, 61], 2)
+    got = _steps(target, [1, 2, 61], 2)
+    for step in range(2):
+        np.testing.assert_allclose(got[step][2], want[step][1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rewind_takes_back_the_last_call(jamba_onnx: Path, kind: str) -> None:
+    model = hybridrt.load(jamba_onnx)
+    stepper = stepper_of(model, kind, 1, 4)
+    stepper.forward(np.asarray([[5, 17, 99]]))
+    mark = stepper.checkpoint()
+    before = stepper.forward(np.asarray([[4]])).copy()
+    stepper.rewind(mark)
+    assert stepper.lengths.tolist() == [3]
+    logits = stepper.forward(np.asarray([[4, 9, 2]]), last=3)
+    assert logits.shape == (1, 3, model.manifest.vocab_size)
+    np.testing.assert_allclose(logits[0, 0], before[0], atol=1e-5)  # the states were as before the call
+    with pytest.raises(GenerationError, match="recurrent"):
+        stepper.rewind(mark, keep=1)  # a recurrent state holds only the call's end
+    stepper.reorder([0])  # a new epoch: the rows may no longer be those rows
+    with pytest.raises(GenerationError, match="reorder"):
+        stepper.rewind(mark)
+
+
+def test_engine_keeps_states_off_the_host_between_steps(jamba_onnx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server engine on the device path (as with --provider cuda): greedy tokens equal
+    Model.generate under concurrency, and states pass through the host only when rows join or
+    leave, never per step."""
+    model = hybridrt.load(jamba_onnx)
+    prompts = [_prompt(n, start=n) for n in (4, 9, 6)]
+    want = [model.generate(p, max_new_tokens=12, eos_token_id=[]) for p in prompts]
+    init, host = BoundStepper.__init__, BoundStepper._host
+    copies = []
+
+    def off_host(self: BoundStepper, *args: Any) -> None:
+        init(self, *args)
+        self.on_host = False
+
+    def counted(self: BoundStepper) -> Any:
+        copies.append(self.batch)
+        return host(self)
+
+    monkeypatch.setattr(BoundStepper, "__init__", off_host)
+    monkeypatch.setattr(BoundStepper, "_host", counted)
+    engine = Engine(model, EngineConfig(slots=3, chunk=4, cache_bytes=0)).start()
+    assert engine.ready.wait(60)
+    results: list[list[Update]] = [[] for _ in prompts]
+    try:
+        for p, out in zip(prompts, results):
+            engine.submit(Request(p, GenerationConfig(max_new_tokens=12, eos_token_id=[]), out.append))
+        deadline = time.monotonic() + 60
+        while not all(out and out[-1].finish_reason for out in results):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        engine.stop()
+    got = [[t for u in out for t in u.tokens] for out in results]
+    assert got == want
+    # Each join copies both sides once and each leave the batch once: far fewer than the 33 steps.
+    assert len(copies) <= 3 * len(prompts)
