@@ -74,6 +74,30 @@ def test_concurrent_greedy_requests_equal_generate_alone(model: hybridrt.runtime
         assert r.finish in ("stop", "length") and r.cached == 0
 
 
+def test_admitted_requests_hold_no_states_until_their_prefill(jamba_onnx: Path) -> None:
+    """Regression: every admitted request made its own state batch at admission, so 64
+    requests arriving together held 64 sets of states before the first had prefilled
+    (gigabytes on a 32-layer model). Only the request being prefilled holds states now, and
+    the rows that leave the batch in any order still give each request its tokens alone.
+    The engine's turns are run here on this thread, one at a time."""
+    model = hybridrt.load(jamba_onnx)
+    engine = Engine(model, EngineConfig(slots=4, chunk=4, cache_bytes=0))
+    engine.model, engine.vocab = model, int(model.manifest.vocab_size)  # what the engine thread's start does
+    engine.ready.set()
+    prompts = [_prompt(n, seed=n) for n in (9, 6, 11, 7, 5)]
+    budgets = [7, 2, 5, 9, 3]
+    results = [_submit(engine, p, max_new_tokens=k)[1] for p, k in zip(prompts, budgets)]
+    held = []
+    for _ in range(200):
+        if all(r.done.is_set() for r in results):
+            break
+        engine._turn()
+        held.append(sum(r.rows is not None for r in engine.prefilling))
+    assert max(held) == 1 and len(engine.running) == 0
+    for p, k, r in zip(prompts, budgets, results):
+        assert r.tokens == model.generate(p, max_new_tokens=k)
+
+
 def test_seeded_sampling_equals_generate_alone(jamba_onnx: Path) -> None:
     model = hybridrt.load(jamba_onnx)
     kwargs = [dict(temperature=0.8, top_p=0.9, seed=s, max_new_tokens=10 + s) for s in range(4)]

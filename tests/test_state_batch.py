@@ -76,6 +76,48 @@ def test_rows_join_and_leave_as_if_alone(jamba_onnx: Path, kind: str) -> None:
         np.testing.assert_allclose(logits[0], want_b[step + 3][0], rtol=0, atol=1e-5)
 
 
+def test_rows_join_and_leave_in_place(jamba_onnx: Path) -> None:
+    """On the host a joining row copies only its own states into room the batch keeps, and a
+    leaving row only the row that takes its place: the buffers stay. (Every join and leave
+    used to copy the whole batch: at 64 server slots of a 32-layer model, gigabytes each.)
+    Every row still continues as it would alone, and a batch that shrinks to a quarter of its
+    room gives the rest back."""
+    model = hybridrt.load(jamba_onnx)
+    prompts = [_prompt(n, start=n) for n in (3, 5, 7, 4, 6)]
+    want = []
+    for i, p in enumerate(prompts):
+        alone = stepper_of(model, "host", 1, 16)
+        prefill(alone, [p])
+        want.append(_steps(alone, [40 + i], 3))
+    rows = []
+    for p in prompts:
+        rows.append(stepper_of(model, "host", 1, 16))
+        prefill(rows[-1], [p])
+    batch = rows[0]
+    for other in rows[1:]:
+        batch.extend(other)
+    assert isinstance(batch, BoundStepper) and batch.batch == 5 and batch.reserved == 8
+    buffers = [x.ctypes.data for x in (*batch._kv_pool, *sum(batch._fixed_pool, []))]
+    first = _steps(batch, [40 + i for i in range(5)], 1)[0]
+    for i in range(5):
+        np.testing.assert_allclose(first[i], want[i][0][0], rtol=0, atol=1e-5)
+    index = [0, 4, 2, 3]  # row 1 leaves, the last row takes its place
+    batch.reorder(index)
+    assert batch.batch == 4 and batch.reserved == 8
+    assert [x.ctypes.data for x in (*batch._kv_pool, *sum(batch._fixed_pool, []))] == buffers
+    for step, logits in enumerate(_steps(batch, [41 + i for i in index], 2)):
+        for r, i in enumerate(index):
+            np.testing.assert_allclose(logits[r], want[i][step + 1][0], rtol=0, atol=1e-5)
+    batch.reorder([2])
+    assert batch.batch == 1 and batch.reserved == 2
+    logits = batch.forward(np.asarray([[99]]))
+    alone = stepper_of(model, "host", 1, 16)
+    prefill(alone, [prompts[2]])
+    for t in (42, 43, 44):
+        alone.forward(np.asarray([[t]]))
+    np.testing.assert_allclose(logits[0], alone.forward(np.asarray([[99]]))[0], rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_row_copied_out_continues_in_another_batch(jamba_onnx: Path, kind: str) -> None:
     """row(r) -> set_row: the prefix cache's round trip; KV cut to the row's length, then

@@ -53,6 +53,7 @@ class BoundStepper(Stepper):
         self.kv = [s for s in self.pasts if s.is_kv]
         self.fixed = [s for s in self.pasts if not s.is_kv]
         self.current = 0  # the fixed-state set the next call reads
+        self.reserved = batch  # rows the host buffers have room for (>= batch)
         self._gathers: dict[str, Any] = {}  # dtype -> the Gather session of `reorder` off the host
         self._allocate([self._zeros(s) for s in self.kv], [[self._zeros(s) for s in self.fixed]] * self.sets)
 
@@ -67,17 +68,31 @@ class BoundStepper(Stepper):
             return ort.OrtValue.ortvalue_from_numpy(x)
         return ort.OrtValue.ortvalue_from_numpy(x, *self.device)
 
-    def _allocate(self, kv: list[np.ndarray], fixed: list[list[np.ndarray]]) -> None:
-        """Buffers from host arrays (KV, and the `ring` sets of the fixed states), bound by `_bind`."""
+    def _allocate(self, kv: list[np.ndarray], fixed: list[list[np.ndarray]], reserve: int = 0) -> None:
+        """Buffers from host arrays of self.batch rows (KV, and the `ring` sets of the fixed
+        states); on the host with room for `reserve` rows, so that rows join and leave in place."""
+        self.reserved = max(reserve, self.batch) if self.on_host else self.batch
+
+        def pool(x: np.ndarray) -> np.ndarray:
+            buffer = np.zeros((self.reserved, *x.shape[1:]), x.dtype)
+            buffer[: len(x)] = x
+            return buffer
+
+        self._kv_pool = [pool(x) for x in kv]
+        self._fixed_pool = [[pool(x) for x in group] for group in fixed]
+        self._view()
+
+    def _view(self) -> None:
+        """Bind the first self.batch rows of the buffers (on the CPU the OrtValues alias them)."""
         import onnxruntime as ort
 
-        # On the CPU the arrays are the buffers; keep them (the OrtValues alias them).
-        self._kv_host = [np.ascontiguousarray(x) for x in kv]
-        self._fixed_host = [[np.array(x) for x in group] for group in fixed]
+        b = self.batch
+        self._kv_host = [x[:b] for x in self._kv_pool]
+        self._fixed_host = [[x[:b] for x in group] for group in self._fixed_pool]
         self._kv_values = [self._value(x) for x in self._kv_host]
         self._fixed_values = [[self._value(x) for x in group] for group in self._fixed_host]
         self._kv_spare: list[Any] = []  # a second KV set for reorder off the host, made on first use
-        self.step_logits = np.empty((self.batch, 1, self.vocab), dtype=np.float32)
+        self.step_logits = np.empty((b, 1, self.vocab), dtype=np.float32)
         self._step_value = ort.OrtValue.ortvalue_from_numpy(self.step_logits)
         self._bind()
 
@@ -136,20 +151,56 @@ class BoundStepper(Stepper):
         kv = [_fit(x, s, self.capacity) for s, x in zip(self.kv, kv)]
         # Every set moves (not only the current one), so checkpoints stay valid across a grow.
         if self.on_host:
-            fixed = [[np.array(x) for x in group] for group in self._fixed_host]
+            fixed = self._fixed_host
         else:
             fixed = [[v.numpy() for v in group] for group in self._fixed_values]
-        self._allocate(kv, fixed)
+        self._allocate(kv, fixed, self.reserved)
 
     def _arrays(self) -> list[np.ndarray]:
         kv, fixed = self._host()
         by_name = {s.name: x for s, x in zip(self.kv, kv)} | {s.name: x for s, x in zip(self.fixed, fixed)}
         return [by_name[s.name] for s in self.pasts]
 
-    def _replace(self, states: list[np.ndarray]) -> None:
+    def _replace(self, states: list[np.ndarray], reserve: int = 0) -> None:
         by_name = {s.name: x for s, x in zip(self.pasts, states)}
         self.current = 0
-        self._allocate([by_name[s.name] for s in self.kv], [[by_name[s.name] for s in self.fixed]] * self.sets)
+        fixed = [[by_name[s.name] for s in self.fixed]] * self.sets
+        self._allocate([by_name[s.name] for s in self.kv], fixed, reserve)
+
+    # Rows join and leave in place on the host: a leaving row costs a copy of the rows that
+    # take its place, a joining one a copy of its own states, not a copy of the whole batch.
+    # Only the current fixed set moves (checkpoints from before are refused, see `reorder`).
+
+    def _select(self, index: np.ndarray) -> None:
+        m = len(index)
+        if not self.on_host or m > self.reserved:
+            super()._select(index)
+            return
+        moved = np.flatnonzero(index != np.arange(m))
+        if len(moved):
+            source = index[moved]
+            for x in (*self._kv_pool, *self._fixed_pool[self.current]):
+                x[moved] = x[source]  # the source rows are read (copied) before any is written
+        self.batch = m
+        if 4 * m <= self.reserved:  # most of the room is idle: give it back
+            pools = (*zip(self.kv, self._kv_pool), *zip(self.fixed, self._fixed_pool[self.current]))
+            by_name = {s.name: x[:m] for s, x in pools}
+            self._replace([by_name[s.name] for s in self.pasts], 2 * m)
+        else:
+            self._view()
+
+    def _append(self, rows: list[np.ndarray]) -> None:
+        b, m = self.batch, self.batch + len(rows[0])
+        if not self.on_host:
+            super()._append(rows)
+            return
+        if m > self.reserved:  # room for twice as many: a growing batch regrows rarely
+            self._replace(self._arrays(), max(m, 2 * self.reserved))
+        by_name = {s.name: x for s, x in zip(self.pasts, rows)}
+        for s, x in (*zip(self.kv, self._kv_pool), *zip(self.fixed, self._fixed_pool[self.current])):
+            x[b:m] = by_name[s.name]
+        self.batch = m
+        self._view()
 
     def fresh(self, batch: int) -> Stepper:
         return BoundStepper(self.session, self.manifest, batch, self.capacity, self.device, self.sets)

@@ -172,29 +172,34 @@ class Stepper:
         if len(index) == self.batch:
             self._reorder(index)
         else:
-            states = [x[index] for x in self._arrays()]
-            self.batch = len(index)
-            self._replace(states)
+            self._select(index)
         self.lengths = self.lengths[index]
         self.epoch += 1
 
     def extend(self, other: Stepper) -> None:
-        """Append other's rows after ours, KV buffers at the larger of the two capacities
-        (other is left as it was). Checkpoints taken before cannot be rewound to after it."""
-        capacity = max(self.capacity, other.capacity)
-        states = [
-            np.concatenate([_fit(a, s, capacity), _fit(b, s, capacity)])
-            for s, a, b in zip(self.pasts, self._arrays(), other._arrays())
-        ]
-        self.capacity = capacity
-        self.batch += other.batch
-        self._replace(states)
+        """Append other's rows after ours, KV buffers holding at least the larger of the two
+        capacities (other is left as it was). Checkpoints taken before cannot be rewound to after it."""
+        if other.capacity > self.capacity:
+            self.grow(other.capacity)
+        self._append([_fit(x, s, self.capacity) for s, x in zip(self.pasts, other._arrays())])
         self.lengths = np.concatenate([self.lengths, other.lengths])
         self.epoch += 1
 
     def _reorder(self, index: np.ndarray) -> None:
         """reorder() keeping the batch size."""
         raise NotImplementedError
+
+    def _select(self, index: np.ndarray) -> None:
+        """reorder() to another batch size: the rows `index` of the states, in that order."""
+        states = [x[index] for x in self._arrays()]
+        self.batch = len(index)
+        self._replace(states)
+
+    def _append(self, rows: list[np.ndarray]) -> None:
+        """extend(): `rows` (states of other rows at our KV capacity) after ours."""
+        states = [np.concatenate([a, b]) for a, b in zip(self._arrays(), rows)]
+        self.batch += len(rows[0])
+        self._replace(states)
 
     def _replace(self, states: list[np.ndarray]) -> None:
         """New buffers holding `states` (host arrays of self.batch rows and self.capacity

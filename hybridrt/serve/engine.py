@@ -196,53 +196,62 @@ class Engine:
     def _start(self, req: Request) -> None:
         assert self.model is not None
         req.start(self.model.eos_token_ids, self.model.tokenizer, self.vocab)
-        req.rows = self.model.stepper(1, len(req.prompt) + req.cfg.max_new_tokens)
         # A scored prompt needs the logits of every position, which the cache does not keep.
         hit = None if req.prompt_logprobs is not None else self.cache.get(req.prompt)
         if hit is None:
             self.metrics.cache_misses.inc()
             return
         n, entry = hit
-        req.rows.set_row(0, entry.row.states, entry.row.length)
-        req.fed, req.cached_tokens = n, n
+        req.resume, req.fed, req.cached_tokens = entry.row, n, n
         self.metrics.cache_hits.inc()
         self.metrics.cache_hit_tokens.inc(n)
         if n == len(req.prompt):
             assert entry.logits is not None
             self._prefilled(req, entry.logits.copy())
 
+    def _states(self, req: Request) -> Stepper:
+        """req's own states, made when its prefill starts: the requests admitted behind it hold
+        none (64 admitted at once would otherwise hold 64 models' worth of states)."""
+        assert self.model is not None
+        if req.rows is None:
+            req.rows = self.model.stepper(1, len(req.prompt) + req.cfg.max_new_tokens)
+            if req.resume is not None:
+                req.rows.set_row(0, req.resume.states, req.resume.length)
+                req.resume = None
+        return req.rows
+
     def _prefill(self, req: Request) -> None:
-        assert req.rows is not None
+        rows = self._states(req)
         chunk = req.prompt[req.fed : req.fed + self.config.chunk]
         ids = np.asarray([chunk], dtype=np.int64)
         if req.prompt_logprobs is None:
-            logits = req.rows.forward(ids)
+            logits = rows.forward(ids)
         else:
-            every = req.rows.forward(ids, all_logits=True)[0]  # [s, V]
+            every = rows.forward(ids, all_logits=True)[0]  # [s, V]
             req.scored += prompt_scores(every, req.prompt, req.fed, req.prompt_logprobs)
             logits = every[-1:]
         req.fed += len(chunk)
         if req.fed == len(req.prompt):
             if self.cache.enabled:
-                self.cache.put(req.prompt, req.rows.row(0), logits)
+                self.cache.put(req.prompt, rows.row(0), logits)
             self._prefilled(req, logits)
 
     def _prefilled(self, req: Request, logits: np.ndarray) -> None:
         """The prompt is in the states: sample the first token, then join the decode batch
         (a score-only request ends here)."""
-        assert req.rows is not None
         self.prefilling.remove(req)
         self.metrics.prompt_tokens.inc(len(req.prompt))
         if req.score_only:
             self._send(req, Update([], "length", req.cached_tokens, prompt_logprobs=req.scored))
         elif self._advance(req, logits[:1]):
+            rows = self._states(req)
             if self.batch is None:
-                self.batch = req.rows
+                self.batch = rows
             else:
                 self._feed_lag()
-                self.batch.extend(req.rows)
+                self.batch.extend(rows)
             self.running.append(req)
-        req.rows = None
+        req.rows = req.resume = None
 
     def _decode(self) -> None:
         assert self.batch is not None
@@ -340,12 +349,16 @@ class Engine:
             self._keep([k for k in range(len(self.running)) if k != i])
 
     def _keep(self, keep: list[int]) -> None:
-        """Keep only these rows of the decode batch (indices into self.running)."""
-        self.running = [self.running[i] for i in keep]
+        """Keep only these rows of the decode batch (ascending indices into self.running). The
+        last rows fill the places of those that leave, so a leaving row moves at most one other."""
         if not keep:
-            self.batch = None
-        elif self.batch is not None and len(keep) < self.batch.batch:
-            self.batch.reorder(keep)
+            self.running, self.batch = [], None
+            return
+        kept, tail = set(keep), [i for i in keep if i >= len(keep)]
+        index = [i if i in kept else tail.pop() for i in range(len(keep))]
+        self.running = [self.running[i] for i in index]
+        if self.batch is not None and len(index) < self.batch.batch:
+            self.batch.reorder(index)
 
     def _send(self, req: Request, update: Update) -> None:
         try:

@@ -25,7 +25,7 @@ import numpy as np
 from ..runtime.decode import StopCheck, seen_tokens
 from ..runtime.sampling import GenerationConfig, sample
 from ..runtime.speculative import Chooser, Draft
-from ..runtime.state import Stepper
+from ..runtime.state import Snapshot, Stepper
 from ..runtime.text import stop_check
 from .grammar import Matcher
 from .logprobs import TokenLogprob, score
@@ -63,7 +63,8 @@ class Request:
     tokens: list[int] = field(default_factory=list)
     cached_tokens: int = 0
     fed: int = 0
-    rows: Stepper | None = None  # its own states while it prefills
+    rows: Stepper | None = None  # its own states while it prefills (made when its prefill starts)
+    resume: Snapshot | None = None  # the prefix cache's states it starts from, until `rows` exists
     scored: list[TokenLogprob] = field(default_factory=list)  # the prompt's entries so far
     last: float = 0.0
     rng: np.random.Generator | None = None
