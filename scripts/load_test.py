@@ -40,9 +40,12 @@ def rss_mb(pid: int) -> float:
 async def client(http: httpx.AsyncClient, i: int, stop_at: float, args: argparse.Namespace, out: dict) -> None:
     n = 0
     while time.monotonic() < stop_at:
+        prompt: str | list[int] = PROMPTS[(i + n) % len(PROMPTS)]
+        if args.prompt_tokens:  # token ids, different for every request (no prefix-cache hits)
+            prompt = [(97 * i + 13 * n + 7 * j) % 8000 + 100 for j in range(args.prompt_tokens)]
         body = {
             "model": "default",
-            "prompt": PROMPTS[(i + n) % len(PROMPTS)],
+            "prompt": prompt,
             "max_tokens": args.max_tokens,
             "min_tokens": args.max_tokens,
             "temperature": 0,
@@ -182,6 +185,7 @@ def main() -> None:
     p.add_argument("--levels", help="comma-separated concurrency levels (default: 1, 4, 16, CLIENTS)")
     p.add_argument("--seconds", type=float, default=120.0, help="per level")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, help="prompts of this many token ids instead of short texts")
     p.add_argument("--slots", type=int, default=64)
     p.add_argument("--threads", type=int)
     p.add_argument("--out", type=Path, default=Path("build/load-test"))
@@ -202,7 +206,8 @@ def main() -> None:
             print(
                 f"{clients:3d} clients: {r['requests_per_s']:.2f} req/s, {r['tokens_per_s']:.0f} tokens/s, "
                 f"TTFT p50/p95/p99 {_fmt(r['ttft_ms'])} ms, inter-token {_fmt(r['inter_token_ms'])} ms, "
-                f"errors {r['errors']}, RSS {r['rss_mb_samples'][0]:.0f} -> {r['rss_mb']:.0f} MB",
+                f"errors {r['errors']}, RSS {r['rss_mb_samples'][0]:.0f} -> {r['rss_mb']:.0f} MB "
+                f"(peak {max(r['rss_mb_samples']):.0f})",
                 flush=True,
             )
         base = results[0]["tokens_per_s"] if levels[0] == 1 else float("nan")
@@ -210,6 +215,7 @@ def main() -> None:
             "model": args.model,
             "slots": args.slots,
             "max_tokens": args.max_tokens,
+            "prompt_tokens": args.prompt_tokens,
             "seconds": args.seconds,
             "rss_start_mb": rss_start,
             "rss_end_mb": rss_mb(proc.pid),
