@@ -118,6 +118,31 @@ def test_rows_join_and_leave_in_place(jamba_onnx: Path) -> None:
     np.testing.assert_allclose(logits[0], alone.forward(np.asarray([[99]]))[0], rtol=0, atol=1e-5)
 
 
+def test_reserved_room_takes_rows_without_reallocating(jamba_onnx: Path) -> None:
+    """reserve(n) (the server's slots): rows join into that room and leave it with the buffers
+    in place, and the room stays when the batch empties to one row."""
+    model = hybridrt.load(jamba_onnx)
+    batch = stepper_of(model, "host", 1, 16)
+    prefill(batch, [_prompt(5)])
+    batch.reserve(4)
+    assert isinstance(batch, BoundStepper) and batch.reserved == 4
+
+    def buffers() -> list[int]:
+        return [x.ctypes.data for x in (*batch._kv_pool, *sum(batch._fixed_pool, []))]
+
+    before = buffers()
+    for n in (3, 8, 6):
+        other = stepper_of(model, "host", 1, 16)
+        prefill(other, [_prompt(n, start=n)])
+        batch.extend(other)
+    assert batch.batch == 4 and buffers() == before
+    batch.reorder([3])
+    assert batch.batch == 1 and batch.reserved == 4 and buffers() == before
+    alone = stepper_of(model, "host", 1, 16)
+    prefill(alone, [_prompt(6, start=6)])
+    np.testing.assert_allclose(batch.forward(np.asarray([[7]])), alone.forward(np.asarray([[7]])), rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_row_copied_out_continues_in_another_batch(jamba_onnx: Path, kind: str) -> None:
     """row(r) -> set_row: the prefix cache's round trip; KV cut to the row's length, then

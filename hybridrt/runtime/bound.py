@@ -54,6 +54,7 @@ class BoundStepper(Stepper):
         self.fixed = [s for s in self.pasts if not s.is_kv]
         self.current = 0  # the fixed-state set the next call reads
         self.reserved = batch  # rows the host buffers have room for (>= batch)
+        self.floor = 0  # room kept however few rows are left (reserve)
         self._gathers: dict[str, Any] = {}  # dtype -> the Gather session of `reorder` off the host
         self._allocate([self._zeros(s) for s in self.kv], [[self._zeros(s) for s in self.fixed]] * self.sets)
 
@@ -182,12 +183,18 @@ class BoundStepper(Stepper):
             for x in (*self._kv_pool, *self._fixed_pool[self.current]):
                 x[moved] = x[source]  # the source rows are read (copied) before any is written
         self.batch = m
-        if 4 * m <= self.reserved:  # most of the room is idle: give it back
+        if 4 * m <= self.reserved and 2 * m >= self.floor:  # most of the room is idle: give it back
             pools = (*zip(self.kv, self._kv_pool), *zip(self.fixed, self._fixed_pool[self.current]))
             by_name = {s.name: x[:m] for s, x in pools}
             self._replace([by_name[s.name] for s in self.pasts], 2 * m)
         else:
             self._view()
+
+    def reserve(self, rows: int) -> None:
+        # On the CPU room costs no memory until a row is written: np.zeros maps untouched pages.
+        self.floor = rows
+        if self.on_host and rows > self.reserved:
+            self._replace(self._arrays(), rows)
 
     def _append(self, rows: list[np.ndarray]) -> None:
         b, m = self.batch, self.batch + len(rows[0])

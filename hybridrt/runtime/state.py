@@ -185,6 +185,10 @@ class Stepper:
         self.lengths = np.concatenate([self.lengths, other.lengths])
         self.epoch += 1
 
+    def reserve(self, rows: int) -> None:
+        """Keep room for `rows` rows (a server's slots), so that rows joining later are written
+        into it instead of the batch being reallocated. A stepper without such room ignores it."""
+
     def _reorder(self, index: np.ndarray) -> None:
         """reorder() keeping the batch size."""
         raise NotImplementedError

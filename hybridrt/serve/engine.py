@@ -247,6 +247,7 @@ class Engine:
             rows = self._states(req)
             if self.batch is None:
                 self.batch = rows
+                rows.reserve(self.config.slots)
             else:
                 self._feed_lag()
                 self.batch.extend(rows)
