@@ -191,7 +191,8 @@ class BoundStepper(Stepper):
             self._view()
 
     def reserve(self, rows: int) -> None:
-        # On the CPU room costs no memory until a row is written: np.zeros maps untouched pages.
+        # On the CPU most of the room costs no memory until a row is written there: large
+        # np.zeros buffers are mapped untouched (64 slots of a 32-layer model: +0.1-0.2 GB at one row).
         self.floor = rows
         if self.on_host and rows > self.reserved:
             self._replace(self._arrays(), rows)
