@@ -124,18 +124,25 @@ def test_reserved_room_takes_rows_without_reallocating(jamba_onnx: Path) -> None
     model = hybridrt.load(jamba_onnx)
     batch = stepper_of(model, "host", 1, 16)
     prefill(batch, [_prompt(5)])
-    batch.reserve(4)
-    assert isinstance(batch, BoundStepper) and batch.reserved == 4
+    assert isinstance(batch, BoundStepper)
 
     def buffers() -> list[int]:
         return [x.ctypes.data for x in (*batch._kv_pool, *sum(batch._fixed_pool, []))]
 
+    mark = batch.checkpoint()
+    first = batch.forward(np.asarray([[9]])).copy()
+    batch.reserve(4)  # room made after a checkpoint: the rewind still finds its states
+    assert batch.reserved == 4
+    batch.rewind(mark)
+    np.testing.assert_allclose(batch.forward(np.asarray([[9]])), first, rtol=0, atol=1e-6)
     before = buffers()
     for n in (3, 8, 6):
         other = stepper_of(model, "host", 1, 16)
         prefill(other, [_prompt(n, start=n)])
         batch.extend(other)
-    assert batch.batch == 4 and buffers() == before
+    assert batch.batch == 4 and batch.reserved == 4 and buffers() == before
+    with pytest.raises(ValueError, match="0..3"):
+        batch.reorder([-1, 0])  # not a row: refused before anything moves
     batch.reorder([3])
     assert batch.batch == 1 and batch.reserved == 4 and buffers() == before
     alone = stepper_of(model, "host", 1, 16)

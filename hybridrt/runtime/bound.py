@@ -195,7 +195,7 @@ class BoundStepper(Stepper):
         # np.zeros buffers are mapped untouched (64 slots of a 32-layer model: +0.1-0.2 GB at one row).
         self.floor = rows
         if self.on_host and rows > self.reserved:
-            self._replace(self._arrays(), rows)
+            self._allocate(self._kv_host, self._fixed_host, rows)  # every set moves: checkpoints stay valid
 
     def _append(self, rows: list[np.ndarray]) -> None:
         b, m = self.batch, self.batch + len(rows[0])

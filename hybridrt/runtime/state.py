@@ -169,6 +169,8 @@ class Stepper:
         index = np.asarray(index, dtype=np.int64)
         if not len(index):
             raise ValueError("reorder needs at least one row")
+        if index.min() < 0 or index.max() >= self.batch:
+            raise ValueError(f"reorder's rows must be in 0..{self.batch - 1}, got {index.tolist()}")
         if len(index) == self.batch:
             self._reorder(index)
         else:
