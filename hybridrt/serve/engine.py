@@ -355,6 +355,8 @@ class Engine:
         if not keep:
             self.running, self.batch = [], None
             return
+        if len(keep) == len(self.running):  # nobody left (most decode steps)
+            return
         kept, tail = set(keep), [i for i in keep if i >= len(keep)]
         index = [i if i in kept else tail.pop() for i in range(len(keep))]
         self.running = [self.running[i] for i in index]
