@@ -10,10 +10,11 @@ past_lengths and logit_positions; its logits land in one preallocated host buffe
 On the CPU the buffers are numpy arrays that the OrtValues alias, so rows are read and written
 without a copy through the session; they have room for more rows than the batch holds (the
 OrtValues alias the first `batch` rows), so a row that joins or leaves copies one row, not the
-batch. On another device (CUDA) the states stay there for the whole generation: a step copies only the ids in and the logits out; `reorder` with the batch
-size kept (beam search) runs a Gather graph from the states into spare buffers of the same
-shape, and only rows that join, leave or are copied out (`extend`, `reorder` to another size,
-`row`, `set_row`, `grow`) pass through the host.
+batch. On another device (CUDA) the states stay there for the whole generation: a step copies
+only the ids in and the logits out; `reorder` with the batch size kept (beam search) runs a
+Gather graph from the states into spare buffers of the same shape, and only rows that join,
+leave or are copied out (`extend`, `reorder` to another size, `row`, `set_row`, `grow`) pass
+through the host.
 
 Rewinding copies nothing: the states of any of the last R-1 calls are still in the ring, and
 a rewind only picks which prebound binding runs next.
