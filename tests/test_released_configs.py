@@ -36,6 +36,7 @@ FILES = sorted(DATA.glob("*.json"))
 # full_attn_idxs; a plain Mamba file has a Mamba mixer in every layer).
 EXPECTED: dict[str, tuple[int, int, int, int, int, int]] = {
     "LiquidAI--LFM2-350M": (16, 6, 10, 0, 1024, 65536),
+    "ibm-granite--granite-4.0-1b": (40, 40, 0, 0, 2048, 100352),
     "Qwen--Qwen3-Next-80B-A3B-Thinking": (48, 12, 36, 0, 2048, 151936),
     "Qwen--Qwen3.5-27B": (64, 16, 48, 0, 5120, 248320),
     "Qwen--Qwen3.5-35B-A3B": (40, 10, 30, 0, 2048, 248320),

@@ -133,6 +133,18 @@ def _lfm2(data: dict[str, Any]) -> Changes:
     return changes
 
 
+def _granitemoehybrid(data: dict[str, Any]) -> Changes:
+    """Granite 4.0 (and 4.0 H): Mamba2 and attention by layer_types, MoE where it has experts."""
+    kept = _layers(data["layer_types"], {"attention", "full_attention"})
+    changes = _attention(data)
+    changes |= {"layer_types": data["layer_types"][:kept], "num_hidden_layers": kept, "hidden_size": 64}
+    changes |= {"intermediate_size": 96, "shared_intermediate_size": 96}
+    changes |= {"mamba_n_heads": 8, "mamba_d_head": 64 * data["mamba_expand"] // 8, "mamba_d_state": 16}
+    if data.get("num_local_experts"):
+        changes |= {"num_local_experts": 8, "num_experts_per_tok": 2}
+    return changes
+
+
 def _mamba(data: dict[str, Any]) -> Changes:
     changes: Changes = {"num_hidden_layers": 2, "hidden_size": 64, "time_step_rank": 4}
     changes |= {"intermediate_size": 64 * data["expand"]} if "intermediate_size" in data else {}
@@ -147,6 +159,7 @@ REDUCE: dict[str, Callable[[dict[str, Any]], Changes]] = {
     "qwen3_5": _qwen3_5,
     "qwen3_5_moe": _qwen3_5,
     "nemotron_h": _nemotron_h,
+    "granitemoehybrid": _granitemoehybrid,
     "lfm2": _lfm2,
     "mamba": _mamba,
 }

@@ -24,6 +24,7 @@ import functools
 import heapq
 import logging
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import onnx
@@ -265,3 +266,74 @@ def expand_selective_scans(model: onnx.ModelProto) -> int:
     from ..models.ops import expand_placeholders
 
     return expand_placeholders(model)
+
+
+def fold_scales(model: onnx.ModelProto, owned: Callable[[str], bool] = lambda name: True) -> int:
+    """Fold constant multipliers on a projection's output into its weight, in place.
+
+    Where Mul(X @ W (+ b), c) has c a constant scalar or per-output-channel vector [N] and
+    X @ W (+ b) feeds nothing else, W (and b) take the factor and the Mul goes: Granite's
+    residual_multiplier on every block's two output projections, Falcon-H1's muP multipliers
+    on in_proj and the MLP's gate. Quantized, the product needs no node of its own (a
+    MatMulNBits cannot scale its output). `owned(name)` says whether a weight is this graph's
+    alone to change (a weight several layers share is not). Returns how many Muls went."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    consts = {n.output[0]: n for n in graph.node if n.op_type == "Constant" and len(n.attribute) == 1}
+    producer = {o: n for n in graph.node for o in n.output if o}
+    uses = Counter(i for n in graph.node for i in n.input if i)
+    uses.update(o.name for o in graph.output)
+
+    def constant(name: str) -> Any:
+        if name in inits:
+            return numpy_helper.to_array(inits[name])
+        node = consts.get(name)
+        if node is not None and node.attribute[0].name == "value":
+            return numpy_helper.to_array(node.attribute[0].t)
+        return None
+
+    def folded(name: str, value: Any) -> None:
+        inits[name].CopyFrom(numpy_helper.from_array(value.astype(numpy_helper.to_array(inits[name]).dtype), name))
+
+    done = 0
+    for mul in [n for n in graph.node if n.op_type == "Mul"]:
+        for side in (0, 1):
+            c, x = constant(mul.input[1 - side]), mul.input[side]
+            if c is None or c.dtype != np.float32 or uses[x] != 1 or x not in producer:
+                continue
+            add, node = None, producer[x]
+            if node.op_type == "Add":
+                bias = [i for i in node.input if i in inits]
+                other = [i for i in node.input if i not in inits]
+                if len(bias) != 1 or len(other) != 1 or uses[other[0]] != 1 or other[0] not in producer:
+                    continue
+                add, node = node, producer[other[0]]
+            if node.op_type != "MatMul" or node.input[1] not in inits or uses[node.input[1]] != 1:
+                continue
+            w = numpy_helper.to_array(inits[node.input[1]])
+            b_name = next((i for i in add.input if i in inits), None) if add is not None else None
+            names = [node.input[1]] + ([b_name] if b_name else [])
+            if w.ndim != 2 or not all(owned(n) for n in names) or (b_name and uses[b_name] != 1):
+                continue
+            if c.size != 1 and (c.shape[-1] != w.shape[1] or c.size != w.shape[1]):
+                continue  # scales other than per output channel (or one for all)
+            factor = c.reshape(-1) if c.size != 1 else c.reshape(())
+            folded(node.input[1], w * factor)
+            if b_name:
+                folded(b_name, numpy_helper.to_array(inits[b_name]) * factor)
+            producer[x].output[0] = mul.output[0]  # x fed only the Mul: its output is the product now
+            producer[mul.output[0]] = producer.pop(x)
+            graph.node.remove(mul)
+            done += 1
+            break
+    if done:
+        from ..models.ops.graph_edit import drop_dead
+
+        drop_dead(graph)
+        made = {o for n in graph.node for o in n.output}
+        for v in [v for v in graph.value_info if v.name not in made]:
+            graph.value_info.remove(v)
+    return done

@@ -63,11 +63,12 @@ def to_onnx(
 
     fusion = None
     if fuse_norms:
+        from .fuse import fold_scales, pack_qkv
         from .fuse import fuse_norms as fuse
-        from .fuse import pack_qkv
 
         fusion = fuse(model)
         fusion["packed_qkv"] = pack_qkv(model)
+        fusion["folded_scales"] = fold_scales(model)
     scans = expand_selective_scans(model)  # the fused Mamba1 scans' placeholders, if any
     if fusion is not None:
         fusion["selective_scans"] = scans

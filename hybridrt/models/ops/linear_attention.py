@@ -44,13 +44,14 @@ def linear_attention_op() -> Any:
 
 
 def infer_shapes(helper: Any, node: onnx.NodeProto) -> None:
-    """output [b, t, q_heads * dv] with dv = value's last dim / kv_heads; present_state = past_state."""
+    """output [b, t, max(q_heads, kv_heads) * dv] with dv = value's last dim / kv_heads (fewer
+    query heads than kv heads serve each query to a block of kv heads); present_state = past_state."""
     from symbolic_shape_infer import get_attribute, get_shape_from_sympy_shape  # type: ignore[import-not-found]
 
     dtype = helper.known_vi_[node.input[0]].type.tensor_type.elem_type
     q, v = helper._get_sympy_shape(node, 0), helper._get_sympy_shape(node, 2)
     heads, kv_heads = get_attribute(node, "q_num_heads"), get_attribute(node, "kv_num_heads")
-    shape = [q[0], q[1], v[2] * heads // kv_heads]
+    shape = [q[0], q[1], v[2] * max(heads, kv_heads) // kv_heads]
     vi = helper.known_vi_[node.output[0]]
     vi.CopyFrom(onnx.helper.make_tensor_value_info(node.output[0], dtype, get_shape_from_sympy_shape(shape)))
     helper._propagate_shape_and_type(node, 3, 1)

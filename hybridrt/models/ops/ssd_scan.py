@@ -4,8 +4,9 @@ scalar decay g per head.
 Glossary: b batch, l length, H heads, P head_dim, G groups (B and C are shared by the H / G
 heads of a group), n d_state.
 
-In ONNX it is one `LinearAttention` node with a decay of shape [b, l, H] (k = B, v = dt x,
-q = C, scale 1), fed in the packed [b, l, channels] layout with constant shapes. The contract
+In ONNX it is one `LinearAttention` node with a decay of shape [b, l, H] (k = dt B, v = x,
+q = C with one query head per group, scale 1), fed in the packed [b, l, channels] layout with
+constant shapes. The contract
 keeps the state in that node's layout, [b, H, n, P], so a step transposes nothing; the
 PyTorch scan works in [b, H, P, n].
 """
@@ -93,21 +94,28 @@ def _translation() -> Callable[..., Any]:
     linear_attention_node = linear_attention.linear_attention_op()
 
     def ssd_scan_onnx(xs, dt, A, B, C, h0, chunk, max_len):  # type: ignore[no-untyped-def]
-        # Everything in the packed [b, l, channels] layout LinearAttention takes: no shape is
-        # computed at run time, and one group's B and C are tiled to its heads.
-        H, n, P = h0.shape[1], h0.shape[2], h0.shape[3]
+        # Everything in the packed [b, l, channels] layout LinearAttention takes, with constant
+        # shapes. dt scales the key (dt_h B_g(h), the one tensor made per head) rather than x,
+        # and C stays one query per group: the node serves each group's query to its H / G
+        # heads itself (q_num_heads G < kv_num_heads H), so neither B nor C is tiled.
+        H, n = h0.shape[1], h0.shape[2]
         G = B.shape[2] // n
         packed = op.Constant(value_ints=[0, 0, -1])
-        xdt = op.Reshape(op.Mul(op.Reshape(xs, op.Constant(value_ints=[0, 0, H, P])), op.Unsqueeze(dt, [3])), packed)
         if G == 1:
-            heads = op.Constant(value_ints=[1, 1, H])
-            q, k = op.Tile(C, heads), op.Tile(B, heads)
+            k = op.Mul(op.Unsqueeze(dt, [3]), op.Unsqueeze(B, [2]))  # [b, l, H, 1] * [b, l, 1, n]
         else:
-            grouped, tile = op.Constant(value_ints=[0, 0, G, 1, n]), op.Constant(value_ints=[1, 1, 1, H // G, 1])
-            q = op.Reshape(op.Expand(op.Reshape(C, grouped), tile), packed)
-            k = op.Reshape(op.Expand(op.Reshape(B, grouped), tile), packed)
+            per_group = op.Reshape(dt, op.Constant(value_ints=[0, 0, G, H // G, 1]))
+            k = op.Mul(per_group, op.Reshape(B, op.Constant(value_ints=[0, 0, G, 1, n])))
         y, state = linear_attention_node(
-            q, k, xdt, h0, op.Mul(dt, A), update_rule="gated", q_num_heads=H, kv_num_heads=H, scale=1.0
+            C,
+            op.Reshape(k, packed),
+            xs,
+            h0,
+            op.Mul(dt, A),
+            update_rule="gated",
+            q_num_heads=G,
+            kv_num_heads=H,
+            scale=1.0,
         )
         return y, state
 

@@ -1,0 +1,111 @@
+"""Constant multipliers on a projection's output folded into its weight (export.fuse.fold_scales):
+the graph loses the Mul, computes the same values, and a quantized projection needs no node
+after it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from family_checkpoints import make_granitemoehybrid_dense
+from onnx import TensorProto, helper, numpy_helper
+
+import hybridrt
+from hybridrt.export.fuse import fold_scales
+from hybridrt.graphs.manifest import read_manifest
+from hybridrt.quantization import quantize
+
+RNG = np.random.default_rng(0)
+
+
+def _projection(scale: np.ndarray, *, bias: bool = True, reads: int = 1, weight: str = "w") -> onnx.ModelProto:
+    """y = (x @ w + b) * scale, with the product also read by a Relu when `reads` is 2."""
+    w = RNG.standard_normal((6, 5)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, weight), numpy_helper.from_array(scale.astype(np.float32), "c")]
+    nodes = [helper.make_node("MatMul", ["x", weight], ["xw"])]
+    product = "xw"
+    if bias:
+        inits.append(numpy_helper.from_array(RNG.standard_normal(5).astype(np.float32), "b"))
+        nodes.append(helper.make_node("Add", ["xw", "b"], ["xwb"]))
+        product = "xwb"
+    nodes.append(helper.make_node("Mul", [product, "c"], ["y"]))
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if reads == 2:
+        nodes.append(helper.make_node("Relu", [product], ["z"]))
+        outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6])], outputs, inits
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+def _run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return list(session.run(None, {"x": x}))
+
+
+@pytest.mark.parametrize("scale", [np.array(0.6), np.array([[[0.5, 2.0, -1.0, 3.0, 0.25]]])], ids=["scalar", "vector"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_a_scaled_projection_loses_its_mul_and_keeps_its_values(scale: np.ndarray, bias: bool) -> None:
+    model = _projection(scale, bias=bias)
+    x = RNG.standard_normal((2, 3, 6)).astype(np.float32)
+    (before,) = _run(model, x)
+    assert fold_scales(model) == 1
+    assert [n.op_type for n in model.graph.node] == ["MatMul", "Add"] if bias else ["MatMul"]
+    assert model.graph.node[-1].output[0] == "y"  # the graph's output keeps its name
+    assert "c" not in {t.name for t in model.graph.initializer}
+    (after,) = _run(model, x)
+    np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-6)
+
+
+def test_a_product_read_elsewhere_or_a_shared_weight_is_left_alone() -> None:
+    """The unscaled product is still needed when something else reads it; a weight that is
+    not the graph's own (one several layers share) must not change for one of them."""
+    twice = _projection(np.array(0.6), reads=2)
+    assert fold_scales(twice) == 0 and "Mul" in [n.op_type for n in twice.graph.node]
+    shared = _projection(np.array(0.6), weight="model.shared.w")
+    assert fold_scales(shared, lambda name: name.startswith("model.layers.")) == 0
+    wrong_axis = _projection(np.ones((3, 1), np.float32))  # per row, not per output channel
+    assert fold_scales(wrong_axis) == 0
+
+
+@pytest.fixture(scope="module")
+def granite_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ckpt = make_granitemoehybrid_dense(tmp_path_factory.mktemp("granite-dense"))
+    out = tmp_path_factory.mktemp("granite-dense-onnx") / "model"
+    hybridrt.export_model(ckpt, out)
+    return out
+
+
+def _scaled_projections(model: onnx.ModelProto) -> list[str]:
+    """Muls that read a projection's output (MatMul or MatMulNBits) and a constant."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    inits = {t.name for t in model.graph.initializer}
+    found = []
+    for node in model.graph.node:
+        if node.op_type == "Mul" and any(i in inits for i in node.input):
+            read = [producer.get(i) for i in node.input if i not in inits]
+            if read and read[0] is not None and read[0].op_type in ("MatMul", "MatMulNBits"):
+                found.append(node.name)
+    return found
+
+
+def test_granite_residual_multiplier_folds_into_every_output_projection(
+    granite_onnx: Path, text_file: Path, tmp_path: Path
+) -> None:
+    """Granite's residual_multiplier (0.6 here) scaled each block's two outputs with a Mul of
+    their own, one node per block output per decode step; the export folds it into the weights
+    and stays within the parity tolerance, and the int4 graph has no Mul after its
+    MatMulNBits either."""
+    manifest = read_manifest(granite_onnx)
+    assert manifest.provenance["fused_norms"]["folded_scales"] == 2 * len(manifest.layer_types)
+    assert manifest.parity is not None and manifest.parity["passed"] is True
+    assert _scaled_projections(onnx.load(str(granite_onnx / "model.onnx"))) == []
+    out = tmp_path / "int4"
+    quantize(granite_onnx, out, mode="int4", eval_text=text_file, eval_tokens=192, eval_window=128)
+    graph = onnx.load(str(out / "model.onnx"))
+    assert any(n.op_type == "MatMulNBits" for n in graph.graph.node)
+    assert _scaled_projections(graph) == []
