@@ -221,6 +221,7 @@ def _run(
             return methods.int8_dynamic(model, work, selection.quantize, external)
         bits, algo = WEIGHT_BITS[cfg.mode], cfg.resolved_algo or "rtn"
         model = methods.weight_only(model, bits, algo, cfg.block_size, selection.quantize, reader, cfg.symmetric)
+        rewrites.fold_biases(model.graph)
         return rewrites.set_accuracy_level(model, cfg.accuracy_level)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -237,6 +238,7 @@ def _int8_static(
     if selection.float_activations:  # int8 weights, float activations (selection.py)
         nodes = list(selection.float_activations)
         model = methods.weight_only(model, 8, "rtn", INT8_BLOCK, nodes, None)
+        rewrites.fold_biases(model.graph)
         model = rewrites.set_accuracy_level(model, cfg.accuracy_level)
     return model
 

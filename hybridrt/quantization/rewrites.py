@@ -2,8 +2,8 @@
 holds the calls into onnxruntime; everything here edits the ONNX graph itself).
 
 Before quantizing: `give_private_weights` (each chosen MatMul its own weight). After:
-`restore_float_inputs` and `split_shared_quantizers` (int8-static) and `set_accuracy_level`
-(MatMulNBits); the vocabulary matrices are vocab.py's, in every mode.
+`restore_float_inputs` and `split_shared_quantizers` (int8-static), `set_accuracy_level` and
+`fold_biases` (MatMulNBits); the vocabulary matrices are vocab.py's, in every mode.
 """
 
 from __future__ import annotations
@@ -173,6 +173,87 @@ def set_accuracy_level(model: Any, level: int) -> Any:
             del node.attribute[:]
             node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", level)])
     return model
+
+
+def fold_biases(graph: Any) -> int:
+    """A constant bias added to a MatMulNBits product becomes the node's own bias input, in
+    place: one node instead of two in every step. Either the Add reads the product itself, or
+    the product is split along its last axis and some parts alone get a bias (Mamba2's dt_bias
+    on the dt part of in_proj): the bias is then zero over the other parts. The kernel adds it
+    to the same float32 sum, so the values are unchanged. Returns how many Adds went."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in graph.initializer}
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for i in node_reads(node):
+            readers.setdefault(i, []).append(node)
+    outputs = {o.name for o in graph.output}
+
+    def bias_add(value: str, size: int) -> tuple[Any, Any] | None:
+        """(Add, its constant [size] bias) when `value` is read by that Add alone."""
+        users = readers.get(value, [])
+        if value in outputs or len(users) != 1 or users[0].op_type != "Add":
+            return None
+        add = users[0]
+        other = [i for i in add.input if i != value]
+        if len(other) != 1 or other[0] not in inits:
+            return None
+        b = numpy_helper.to_array(inits[other[0]])
+        if b.dtype != np.float32 or b.size != size or b.shape[-1:] != (size,):
+            return None
+        return add, b.reshape(size)
+
+    removed: list[Any] = []
+    added: list[Any] = []
+    for node in graph.node:
+        if node.op_type != "MatMulNBits" or (len(node.input) > 5 and node.input[5]):
+            continue
+        n = next(a.i for a in node.attribute if a.name == "N")
+        split: Any = None
+        bias, moved = np.zeros(n, np.float32), []  # (Add, the value its readers read instead)
+        found = bias_add(node.output[0], n)
+        if found is not None:
+            bias[:] = found[1]
+            moved.append((found[0], node.output[0]))
+        else:
+            users = readers.get(node.output[0], [])
+            split = users[0] if len(users) == 1 and users[0].op_type == "Split" else None
+            axis = next((a.i for a in split.attribute if a.name == "axis"), 0) if split is not None else 0
+            # MatMulNBits reads [b, l, K] in these graphs: axis 2 is the last one.
+            if split is None or axis not in (-1, 2) or len(split.input) < 2 or split.input[1] not in inits:
+                continue
+            sizes = numpy_helper.to_array(inits[split.input[1]]).tolist()
+            if sum(sizes) != n:
+                continue
+            start = 0
+            for part, size in zip(split.output, sizes):
+                found = bias_add(part, size)
+                if found is not None:
+                    bias[start : start + size] = found[1]
+                    moved.append((found[0], part))
+                start += size
+        if not moved:
+            continue
+        name = f"{node.name}/bias"
+        added.append(numpy_helper.from_array(bias, name))
+        node.input.extend([""] * (5 - len(node.input)) + [name])
+        for add, value in moved:  # what wrote the Add's input writes its output now
+            writer = split if value != node.output[0] else node
+            writer.output[list(writer.output).index(value)] = add.output[0]
+            removed.append(add)
+    biases = {i for add in removed for i in add.input if i in inits}
+    for add in removed:
+        graph.node.remove(add)
+    graph.initializer.extend(added)
+    still = {i for n in graph.node for i in node_reads(n)}
+    for t in [t for t in graph.initializer if t.name in biases and t.name not in still]:
+        graph.initializer.remove(t)
+    made = {o for n in graph.node for o in n.output}
+    for v in [v for v in graph.value_info if v.name not in made]:
+        graph.value_info.remove(v)
+    return len(removed)
 
 
 def node_reads(node: Any) -> set[str]:

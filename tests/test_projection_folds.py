@@ -1,6 +1,7 @@
-"""Constant multipliers on a projection's output folded into its weight (export.fuse.fold_scales):
-the graph loses the Mul, computes the same values, and a quantized projection needs no node
-after it."""
+"""Constants folded into the projections that produce what they act on: multipliers into the
+weight at export (export.fuse.fold_scales), biases into a quantized MatMulNBits node
+(quantization.rewrites.fold_biases). Each graph loses the node, computes the same values, and
+a quantized projection needs no node after it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import hybridrt
 from hybridrt.export.fuse import fold_scales
 from hybridrt.graphs.manifest import read_manifest
 from hybridrt.quantization import quantize
+from hybridrt.quantization.methods import weight_only
+from hybridrt.quantization.rewrites import fold_biases
 
 RNG = np.random.default_rng(0)
 
@@ -109,3 +112,58 @@ def test_granite_residual_multiplier_folds_into_every_output_projection(
     graph = onnx.load(str(out / "model.onnx"))
     assert any(n.op_type == "MatMulNBits" for n in graph.graph.node)
     assert _scaled_projections(graph) == []
+    # Each Mamba2 layer's dt_bias is its in_proj's bias: no Add after the projection's Split.
+    biased = [n.name for n in graph.graph.node if n.op_type == "MatMulNBits" and len(n.input) > 5 and n.input[5]]
+    mamba2 = [i for i, kind in enumerate(read_manifest(out).layer_types) if kind == "mamba2"]
+    assert biased == [f"/model/layers.{i}/mixer/in_proj/MatMul_Q4" for i in mamba2]
+    assert not [n for n in graph.graph.node if n.op_type == "Add" and "dt_bias" in " ".join(n.input)]
+
+
+def _biased_projections() -> onnx.ModelProto:
+    """in_proj -> Split [32, 40, 24] along the last axis with a bias on the last part alone (as
+    Mamba2's dt_bias), and out_proj + a bias of its own."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "l", 64])
+    inits = [
+        numpy_helper.from_array(RNG.standard_normal((64, 96)).astype(np.float32), "in_w"),
+        numpy_helper.from_array(np.array([32, 40, 24], np.int64), "sizes"),
+        numpy_helper.from_array(RNG.standard_normal(24).astype(np.float32), "dt_bias"),
+        numpy_helper.from_array(RNG.standard_normal((64, 32)).astype(np.float32), "out_w"),
+        numpy_helper.from_array(RNG.standard_normal(32).astype(np.float32), "out_b"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "in_w"], ["proj"], name="in_proj/MatMul"),
+        helper.make_node("Split", ["proj", "sizes"], ["z", "xbc", "dt"], axis=2),
+        helper.make_node("Add", ["dt", "dt_bias"], ["dt_b"], name="dt/Add"),
+        helper.make_node("MatMul", ["x", "out_w"], ["o"], name="out_proj/MatMul"),
+        helper.make_node("Add", ["o", "out_b"], ["ob"], name="out/Add"),
+    ]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("z", "xbc", "dt_b", "ob")]
+    graph = helper.make_graph(nodes, "g", [x], outs, inits)
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)]
+    )
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_bias_after_a_quantized_projection_joins_the_node(bits: int) -> None:
+    """Mamba2's dt_bias was an Add of its own after in_proj's Split in every layer's step; it is
+    the MatMulNBits node's bias now (zero over the other parts), with the same values."""
+    model = weight_only(_biased_projections(), bits, "rtn", 32, ["in_proj/MatMul", "out_proj/MatMul"], None)
+    x = RNG.standard_normal((2, 3, 64)).astype(np.float32)
+    before = _run(model, x)
+    assert fold_biases(model.graph) == 2
+    assert [n.op_type for n in model.graph.node].count("Add") == 0
+    matmuls = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    assert len(matmuls) == 2 and all(len(n.input) == 6 and n.input[5] for n in matmuls)
+    assert not {"dt_bias", "out_b"} & {t.name for t in model.graph.initializer}
+    after = _run(model, x)
+    for a, b in zip(after, before):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_a_bias_add_read_with_the_product_elsewhere_stays() -> None:
+    model = weight_only(_biased_projections(), 4, "rtn", 32, ["in_proj/MatMul", "out_proj/MatMul"], None)
+    model.graph.node.append(helper.make_node("Relu", ["o"], ["o_relu"]))  # the unbiased product is needed
+    model.graph.output.append(helper.make_tensor_value_info("o_relu", TensorProto.FLOAT, None))
+    assert fold_biases(model.graph) == 1  # the dt part's bias only
+    assert [n.name for n in model.graph.node if n.op_type == "Add"] == ["out/Add"]
