@@ -75,6 +75,25 @@ def test_a_product_read_elsewhere_or_a_shared_weight_is_left_alone() -> None:
     assert fold_scales(wrong_axis) == 0
 
 
+def test_a_product_an_if_branch_reads_is_left_alone() -> None:
+    """A branch of an If reads outer values by name, not as the node's inputs: that read
+    counts, or folding would rename the product the branch needs."""
+    model = _projection(np.array(0.6), bias=False)
+    branch = helper.make_graph(
+        [helper.make_node("Identity", ["xw"], ["inner"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("inner", TensorProto.FLOAT, None)],
+    )
+    model.graph.initializer.append(numpy_helper.from_array(np.array(True), "cond"))
+    model.graph.node.append(helper.make_node("If", ["cond"], ["z"], then_branch=branch, else_branch=branch))
+    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    assert fold_scales(model) == 0
+    x = RNG.standard_normal((2, 3, 6)).astype(np.float32)
+    y, z = _run(model, x)
+    np.testing.assert_allclose(y, z * 0.6, rtol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def granite_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ckpt = make_granitemoehybrid_dense(tmp_path_factory.mktemp("granite-dense"))

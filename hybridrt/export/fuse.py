@@ -280,11 +280,14 @@ def fold_scales(model: onnx.ModelProto, owned: Callable[[str], bool] = lambda na
     import numpy as np
     from onnx import numpy_helper
 
+    from ..quantization.rewrites import node_reads
+
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     consts = {n.output[0]: n for n in graph.node if n.op_type == "Constant" and len(n.attribute) == 1}
     producer = {o: n for n in graph.node for o in n.output if o}
-    uses = Counter(i for n in graph.node for i in n.input if i)
+    # An If's branches may read a product from the outer graph: those reads count too.
+    uses = Counter(i for n in graph.node for i in node_reads(n) if i)
     uses.update(o.name for o in graph.output)
 
     def constant(name: str) -> Any:
@@ -318,8 +321,8 @@ def fold_scales(model: onnx.ModelProto, owned: Callable[[str], bool] = lambda na
             names = [node.input[1]] + ([b_name] if b_name else [])
             if w.ndim != 2 or not all(owned(n) for n in names) or (b_name and uses[b_name] != 1):
                 continue
-            if c.size != 1 and (c.shape[-1] != w.shape[1] or c.size != w.shape[1]):
-                continue  # scales other than per output channel (or one for all)
+            if c.size != 1 and (c.size != w.shape[1] or c.shape[-1] != w.shape[1]):
+                continue  # one factor for all, or one per output channel: nothing else
             factor = c.reshape(-1) if c.size != 1 else c.reshape(())
             folded(node.input[1], w * factor)
             if b_name:
