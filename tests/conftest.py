@@ -92,6 +92,17 @@ def jamba_int4(jamba_onnx: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return out
 
 
+@pytest.fixture(scope="session")
+def llama_kv8(llama_onnx: Path, text_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with float weights and an int8 KV cache (quantize --mode none --kv-dtype int8)."""
+    from hybridrt.quantization import quantize
+
+    out = tmp_path_factory.mktemp("llama-kv8") / "model"
+    quick = {"samples": 3, "seq_len": 32, "decode_steps": 2, "agreement_prompts": 4, "eval_tokens": 192}
+    quantize(llama_onnx, out, "none", calibration=[text_file], kv_dtype="int8", eval_window=128, **quick)
+    return out
+
+
 # Every family of tests/family_checkpoints.BUILDERS, built and exported once per session for
 # the suites that run on all of them (test_families, test_beam): a module defines a `family`
 # fixture over the names and asks for `ckpt` / `exported`.

@@ -145,6 +145,21 @@ def _granitemoehybrid(data: dict[str, Any]) -> Changes:
     return changes
 
 
+def _zamba2(data: dict[str, Any]) -> Changes:
+    """Zamba2: Mamba2 layers and hybrid layers over shared transformer blocks (on the
+    concatenation of the hidden state and the embeddings: twice the hidden size)."""
+    kept = _layers(data["layers_block_type"], {"hybrid"})
+    heads, mamba_heads = 4, 8
+    changes = _attention(data)
+    changes |= {"num_hidden_layers": kept, "layers_block_type": data["layers_block_type"][:kept]}
+    changes |= {"hybrid_layer_ids": [i for i in data["hybrid_layer_ids"] if i < kept], "hidden_size": 64}
+    changes |= {"attention_hidden_size": 128, "attention_head_dim": 128 // heads, "kv_channels": 64 // heads}
+    changes |= {"num_query_groups": changes["num_key_value_heads"], "adapter_rank": 8, "mamba_d_state": 16}
+    changes |= {"n_mamba_heads": mamba_heads, "mamba_headdim": 64 * data["mamba_expand"] // mamba_heads}
+    changes |= {"intermediate_size": 96, "ffn_hidden_size": 96}
+    return changes
+
+
 def _mamba(data: dict[str, Any]) -> Changes:
     changes: Changes = {"num_hidden_layers": 2, "hidden_size": 64, "time_step_rank": 4}
     changes |= {"intermediate_size": 64 * data["expand"]} if "intermediate_size" in data else {}
@@ -162,6 +177,7 @@ REDUCE: dict[str, Callable[[dict[str, Any]], Changes]] = {
     "granitemoehybrid": _granitemoehybrid,
     "lfm2": _lfm2,
     "mamba": _mamba,
+    "zamba2": _zamba2,
 }
 NESTED = {"qwen3_5", "qwen3_5_moe"}
 

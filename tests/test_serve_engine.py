@@ -51,9 +51,11 @@ def _engine(model: hybridrt.runtime.Model, **kwargs: int) -> Engine:
     return engine
 
 
-@pytest.fixture(scope="module", params=["default", "jamba", "llama"])
+@pytest.fixture(scope="module", params=["default_onnx", "jamba_onnx", "llama_onnx", "llama_kv8"])
 def model(request: pytest.FixtureRequest) -> hybridrt.runtime.Model:
-    return hybridrt.load(request.getfixturevalue(f"{request.param}_onnx"))
+    """The served models; llama_kv8 keeps its KV cache in int8 (rows join, leave and prefill in
+    chunks in int8 buffers)."""
+    return hybridrt.load(request.getfixturevalue(request.param))
 
 
 def test_concurrent_greedy_requests_equal_generate_alone(model: hybridrt.runtime.Model) -> None:

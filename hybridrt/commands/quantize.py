@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..quantization.config import ALGOS, CALIB_METHODS, MODES, QuantConfig
+from ..quantization.config import ALGOS, CALIB_METHODS, KV_DTYPES, MODES, QuantConfig
 
 if TYPE_CHECKING:
     from ..graphs.manifest import Manifest
@@ -56,6 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=DEFAULTS.vocab_bits,
         choices=(4, 8),
         help="bits of the embedding table and LM head, stored block-wise and once when tied (default 8)",
+    )
+    p.add_argument(
+        "--kv-dtype",
+        default=DEFAULTS.kv_dtype,
+        choices=KV_DTYPES,
+        help="attention KV buffers: int8 stores them with per-channel scales calibrated on --calibration text "
+        "(a quarter of float32's memory); float32 keeps the export's",
     )
     p.add_argument("--calib-method", default=DEFAULTS.calib_method, choices=CALIB_METHODS, help="int8-static ranges")
     p.add_argument("--calibration", nargs="+", type=Path, default=[], metavar="PATH", help="text or JSONL files")
@@ -107,6 +114,12 @@ def run(args: argparse.Namespace) -> int:
         f"{args.output}: {q['mode']}{algo}, {len(q['quantized_nodes'])} nodes quantized{mixed}, "
         f"{len(q['excluded'])} kept float | {size['bytes'] / 1e6:.2f} MB ({size['ratio']:.3f} of the float graph)"
     )
+    kv = q.get("kv_cache")
+    if kv:
+        print(
+            f"KV cache: {kv['dtype']} in {len(kv['layers'])} attention layers, per-channel scales from "
+            f"{kv['calibration_windows']} calibration windows"
+        )
     v, vocab = q.get("vocab") or {}, describe_vocab(q.get("vocab"))
     if vocab:
         print(
@@ -142,6 +155,7 @@ def _quantize(args: argparse.Namespace, say: Callable[[str], None]) -> Manifest:
         accuracy_level=args.accuracy_level,
         symmetric=args.symmetric,
         vocab_bits=args.vocab_bits,
+        kv_dtype=args.kv_dtype,
         calib_method=args.calib_method,
         samples=args.samples,
         seq_len=args.seq_len,

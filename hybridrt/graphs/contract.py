@@ -180,9 +180,13 @@ def present_name(past_name: str) -> str:
     return "present." + past_name.removeprefix("past.")
 
 
-def state_bytes_per_sequence(spec: TensorSpec, dtype_bytes: int = 4) -> int:
+# Bytes per element of the dtypes a state may have (an int8 KV cache: quantization.kv_cache).
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+
+
+def state_bytes_per_sequence(spec: TensorSpec) -> int:
     """Bytes of one sequence's state; for KV buffers, bytes per position of capacity."""
-    n = dtype_bytes
+    n = DTYPE_BYTES[spec.dtype]
     for d in spec.dims:
         if isinstance(d, int):
             n *= d

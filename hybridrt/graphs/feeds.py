@@ -16,7 +16,7 @@ from .contract import TensorSpec
 
 PAST_LENGTHS = "past_lengths"
 LOGIT_POSITIONS = "logit_positions"
-NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
+NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32, "int8": np.int8}
 
 
 def takes_lengths(inputs: Sequence[TensorSpec]) -> bool:

@@ -75,6 +75,9 @@ def _quantization_lines(q: dict[str, Any]) -> list[str]:
     vocab, size, report = describe_vocab(q.get("vocab")), q.get("size") or {}, q.get("report") or {}
     if vocab:
         lines.append(f"  vocabulary {vocab}")
+    kv = q.get("kv_cache")
+    if kv:
+        lines.append(f"  KV cache   {kv['dtype']}, {kv['scales']} ({kv['calibration_windows']} windows)")
     if size:
         lines.append(f"  size       {size['bytes'] / 2**20:.1f} MiB, {size['ratio']:.3f} of the float graph")
     if q.get("report_skipped"):

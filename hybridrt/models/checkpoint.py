@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import HybridConfig
-from ..errors import CheckpointError
+from ..errors import CheckpointError, UnsupportedArchitectureError
 from .model import HybridForCausalLM
 from .registry import Family, get_family
 from .weights import Weights
@@ -33,6 +33,12 @@ def read_hf_config(src: Path) -> dict[str, Any]:
 
 def load_config(src: str | Path) -> tuple[HybridConfig, Family, dict[str, Any]]:
     hf = read_hf_config(Path(src))
+    if "model_type" not in hf and {"d_model", "n_layer", "ssm_cfg"} <= set(hf):
+        raise UnsupportedArchitectureError(
+            f"{Path(src) / 'config.json'} has no model_type: it is mamba_ssm's own config (d_model, n_layer, "
+            "ssm_cfg), not a transformers one; export a checkpoint saved by transformers (Mamba2ForCausalLM, "
+            "MambaForCausalLM: the -hf repositories)"
+        )
     family = get_family(hf.get("model_type"))
     try:
         cfg = family.translate(hf)

@@ -24,7 +24,7 @@ from ..graphs.files import atomic_directory, copy_tokenizer, save_onnx
 from ..graphs.manifest import Manifest, read_manifest
 from ..runtime.text import TOKENIZER
 from ..runtime.validate import as_path, as_paths
-from . import methods, rewrites
+from . import kv_cache, methods, rewrites
 from .calibration import CalibrationReader, calibration_feeds, head, read_texts, split_text
 from .config import INT8_BLOCK, WEIGHT_BITS, QuantConfig
 from .moe import moe_nodes, quantize_moe
@@ -67,21 +67,35 @@ def quantize(
     texts, eval_texts = _read_inputs(cfg, calibration, eval_text) if has_tokenizer else ([], [])
     t0 = time.perf_counter()
     parent = load(src, "cpu")
-    reader, held_out = _calibrate(parent, cfg, texts, eval_texts, say) if has_tokenizer else (None, "")
+    reader, held_out, windows = _calibrate(parent, cfg, texts, eval_texts, say) if has_tokenizer else (None, "", [])
     model, external = _load_graph(src / parent_manifest.graph_file)
-    selection = select_nodes(model.graph, cfg, parent_manifest.layer_types)
+    if cfg.kv_dtype == "int8":
+        kv_cache.check_graph(model.graph, parent_manifest)
+        say(f"KV cache: calibrating int8 scales over {len(windows)} windows")
+        kv_peak = kv_cache.calibrate(parent, windows)
+    selection = (
+        select_nodes(model.graph, cfg, parent_manifest.layer_types)
+        if cfg.quantizes_weights
+        else NodeSelection([], {}, [])
+    )
     rewrites.give_private_weights(model.graph, selection.quantize)
     with atomic_directory(out, QuantizationError) as tmp:
         label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
-        say(f"quantizing {len(selection.quantize)} nodes ({label})")
-        quantized = _run(model, cfg, selection, reader, tmp, external)
-        vocab = _quantize_vocab(quantized.graph, cfg, selection)
-        rewrites.order_nodes(quantized.graph)
-        save_onnx(quantized, tmp / parent_manifest.graph_file, external)
-        copy_tokenizer(src, tmp)
+        quantized, vocab = model, None
+        if cfg.quantizes_weights:
+            say(f"quantizing {len(selection.quantize)} nodes ({label})")
+            quantized = _run(model, cfg, selection, reader, tmp, external)
+            vocab = _quantize_vocab(quantized.graph, cfg, selection)
         evaluation = {"source": str(eval_text or "held-out calibration text"), "chars": len(held_out)}
         manifest = _manifest(parent_manifest, src, cfg, selection, reader, evaluation)
         manifest.quantization = (manifest.quantization or {}) | {"vocab": vocab}
+        if cfg.kv_dtype == "int8":
+            scales = kv_cache.scales(manifest, kv_peak, quantized.graph)
+            nodes = kv_cache.quantize_kv(quantized.graph, manifest, scales)
+            manifest.quantization["kv_cache"] = kv_cache.record(manifest, scales, len(windows), nodes)
+        rewrites.order_nodes(quantized.graph)
+        save_onnx(quantized, tmp / parent_manifest.graph_file, external)
+        copy_tokenizer(src, tmp)
         manifest.record_files(tmp)
         manifest.write(tmp)
         if has_tokenizer:
@@ -127,6 +141,8 @@ def _check_without_tokenizer(
     why = None
     if cfg.needs_calibration:
         why = f"{label} calibrates on text"
+    elif cfg.kv_dtype == "int8":
+        why = "the int8 KV cache's scales are calibrated on text"
     elif calibration or eval_text is not None:
         why = "calibration and evaluation text are read through it"
     elif cfg.max_ppl_ratio is not None or cfg.min_greedy_agreement is not None:
@@ -145,9 +161,10 @@ def _read_inputs(
     texts = read_texts(calibration)
     if calibration and not texts:
         raise QuantizationError(f"the calibration files hold no text: {', '.join(map(str, calibration))}")
-    if cfg.needs_calibration and not texts:
+    if cfg.needs_text and not texts:
         label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
-        raise QuantizationError(f"{label} needs calibration text: pass --calibration FILE")
+        what = label if cfg.needs_calibration else "--kv-dtype int8 (its scales)"
+        raise QuantizationError(f"{what} needs calibration text: pass --calibration FILE")
     eval_texts = read_texts([eval_text]) if eval_text is not None else []
     if eval_text is not None and not eval_texts:
         raise QuantizationError(f"the evaluation text {eval_text} is empty")
@@ -158,19 +175,20 @@ def _read_inputs(
 
 def _calibrate(
     parent: Any, cfg: QuantConfig, texts: list[str], eval_texts: list[str], say: Callable[[str], None]
-) -> tuple[CalibrationReader | None, str]:
-    """The calibration reader (modes that need one) and the held-out text of the report."""
+) -> tuple[CalibrationReader | None, str, list[Any]]:
+    """The calibration reader (modes that need one), the held-out text of the report and the
+    calibration windows (token ids)."""
     held_out = head(parent.tokenizer, "\n\n".join(eval_texts), cfg.eval_tokens) if eval_texts else ""
-    reader = None
+    reader, windows = None, []
     if texts:
         split = split_text(parent.tokenizer, texts, cfg.samples, cfg.seq_len, 0 if eval_texts else cfg.eval_tokens)
-        held_out = held_out or split.held_out
+        held_out, windows = held_out or split.held_out, split.windows
         if cfg.needs_calibration:
             say(f"calibration: running the float model over {len(split.windows)} windows")
             reader = CalibrationReader(calibration_feeds(parent, split.windows, cfg.decode_steps))
     if len(parent.tokenizer.encode(held_out, add_special_tokens=False).ids) < 2:
         raise QuantizationError("no held-out text is left after calibration; pass --eval-text or lower --samples")
-    return reader, held_out
+    return reader, held_out, windows
 
 
 def _load_graph(path: Path) -> tuple[Any, bool]:
@@ -265,6 +283,7 @@ def _manifest(
     manifest.parity = {}  # the parent's export parity describes the float graph, kept below
     manifest.quantization = {
         "mode": cfg.mode,
+        "kv_dtype": cfg.kv_dtype,
         "algo": cfg.resolved_algo,
         "block_size": cfg.block_size if cfg.weight_only else None,
         "symmetric": cfg.symmetric if cfg.weight_only else None,

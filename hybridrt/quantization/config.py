@@ -14,12 +14,15 @@ MODES = {
     "int8-dynamic": "8-bit weights (per channel), activations quantized per call (DynamicQuantizeMatMul)",
     "int4": "4-bit block-wise weights (MatMulNBits), float activations",
     "int8-weight": "8-bit block-wise weights (MatMulNBits), float activations",
+    "none": "weights unchanged (with --kv-dtype int8: only the KV cache is quantized)",
 }
 # Weight-only algorithms per mode. HQQ's float zero points have no 8-bit CPU kernel
 # (MatMulNBits rejects them), so int8-weight offers RTN and GPTQ only.
 ALGOS = {"int4": ("rtn", "hqq", "gptq"), "int8-weight": ("rtn", "gptq")}
 CALIB_METHODS = ("minmax", "entropy", "percentile")
-WEIGHT_BITS = {"int8-static": 8, "int8-dynamic": 8, "int4": 4, "int8-weight": 8}
+WEIGHT_BITS = {"int8-static": 8, "int8-dynamic": 8, "int4": 4, "int8-weight": 8, "none": 32}
+# --kv-dtype: the attention layers' KV buffers (quantization.kv_cache)
+KV_DTYPES = ("float32", "int8")
 # The operators every mode quantizes (the linear layers), besides the vocabulary matrices.
 QUANTIZED_OP_TYPES = ("MatMul",)
 # Weights per scale of 8-bit block-wise weights that no --block-size governs (the vocabulary
@@ -61,6 +64,9 @@ class QuantConfig:
     # Bits of the embedding table and LM head (vocab.quantize_vocab). 8 in every mode: on the default
     # model a 4-bit LM head tripled the mean KL of int4 (9.6e-3 vs 3.1e-3) for 8% of its size.
     vocab_bits: int = 8
+    # KV buffers of the attention layers: "int8" stores them with calibrated per-channel scales
+    # (quantization.kv_cache), a quarter of float32's bytes.
+    kv_dtype: str = "float32"
     max_ppl_ratio: float | None = None
     min_greedy_agreement: float | None = None
 
@@ -91,12 +97,26 @@ class QuantConfig:
 
     @property
     def needs_calibration(self) -> bool:
+        """Whether the mode's weight quantizer needs calibration feeds (onnxruntime's reader)."""
         return self.mode == "int8-static" or self.resolved_algo == "gptq"
+
+    @property
+    def needs_text(self) -> bool:
+        """Whether anything calibrates on text: the weights' quantizer, or the KV cache's scales."""
+        return self.needs_calibration or self.kv_dtype == "int8"
+
+    @property
+    def quantizes_weights(self) -> bool:
+        return self.mode != "none"
 
     def validate(self) -> None:
         self._check_types()
         if self.mode not in MODES:
             raise QuantizationError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise QuantizationError(f"unknown KV dtype {self.kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
+        if self.mode == "none" and self.kv_dtype == "float32":
+            raise QuantizationError("mode none quantizes nothing: add --kv-dtype int8, or choose a weight mode")
         if self.symmetric and not self.weight_only:
             modes = ", ".join(ALGOS)
             raise QuantizationError(f"--symmetric applies to the weight-only modes ({modes}), not {self.mode}")

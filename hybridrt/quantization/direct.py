@@ -40,6 +40,10 @@ class FragmentQuantizer:
             raise QuantizationError(
                 f"{mode} {self.cfg.resolved_algo} calibrates on text: export the float graph, then `hybridrt quantize`"
             )
+        if self.cfg.kv_dtype != "float32":
+            raise QuantizationError(
+                "an int8 KV cache's scales are calibrated on text: export, then `hybridrt quantize --kv-dtype int8`"
+            )
         self.layer_types: list[str] = []
         self.selection = NodeSelection([], {}, [], [])
         self.vocab: dict[str, Any] | None = None

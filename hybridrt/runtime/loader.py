@@ -26,6 +26,7 @@ ORT_TYPES = {
     "tensor(float16)": "float16",
     "tensor(int64)": "int64",
     "tensor(int32)": "int32",
+    "tensor(int8)": "int8",
 }
 
 
