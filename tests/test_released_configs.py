@@ -40,6 +40,8 @@ EXPECTED: dict[str, tuple[int, int, int, int, int, int]] = {
     "ibm-granite--granite-4.0-h-tiny": (40, 4, 36, 0, 1536, 100352),
     "ibm-granite--granite-4.0-h-small": (40, 4, 36, 0, 4096, 100352),
     "Zyphra--Zamba2-2.7B": (54, 0, 54, 0, 2560, 32000),
+    "tiiuae--Falcon-H1-0.5B-Base": (36, 0, 36, 0, 1024, 32784),
+    "tiiuae--Falcon-H1-Tiny-90M-Base": (24, 0, 24, 0, 512, 32768),
     "Qwen--Qwen3-Next-80B-A3B-Thinking": (48, 12, 36, 0, 2048, 151936),
     "Qwen--Qwen3.5-27B": (64, 16, 48, 0, 5120, 248320),
     "Qwen--Qwen3.5-35B-A3B": (40, 10, 30, 0, 2048, 248320),

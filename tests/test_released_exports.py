@@ -160,6 +160,14 @@ def _zamba2(data: dict[str, Any]) -> Changes:
     return changes
 
 
+def _falcon_h1(data: dict[str, Any]) -> Changes:
+    """Falcon-H1: attention beside a Mamba2 mixer in every layer, every muP multiplier as released."""
+    changes = _attention(data)
+    changes |= {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 96}
+    changes |= {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_ssm": 64, "mamba_d_state": 16}
+    return changes
+
+
 def _mamba(data: dict[str, Any]) -> Changes:
     changes: Changes = {"num_hidden_layers": 2, "hidden_size": 64, "time_step_rank": 4}
     changes |= {"intermediate_size": 64 * data["expand"]} if "intermediate_size" in data else {}
@@ -178,6 +186,7 @@ REDUCE: dict[str, Callable[[dict[str, Any]], Changes]] = {
     "lfm2": _lfm2,
     "mamba": _mamba,
     "zamba2": _zamba2,
+    "falcon_h1": _falcon_h1,
 }
 NESTED = {"qwen3_5", "qwen3_5_moe"}
 
