@@ -1,7 +1,8 @@
 """Build a seeded random-weight checkpoint from one of the shared benchmark configs, the way
 released checkpoints are stored: bf16 (the config's dtype), sharded safetensors with an
-index, the config.json copied verbatim. Written one shard at a time, so a 7 B model needs
-no more memory than one shard (2 GB).
+index, the config.json copied verbatim, tensor names as transformers 4 saved them (Granite 4.0's
+experts as `input_linear`/`output_linear`, which transformers 5 renames at load). Written one
+shard at a time, so a 7 B model needs no more memory than one shard (2 GB).
 
 python scripts/make_bench_checkpoint.py ../shared/bench/configs/granite-h-1b.json -o build/granite-h-1b
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import zlib
 from pathlib import Path
 
@@ -18,6 +20,21 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 SHARD_BYTES = 2 << 30
+# transformers 5's tensor names -> the names released checkpoints (saved by transformers 4) have,
+# per model_type: the reverse of transformers' own conversion_mapping renames at load.
+RELEASED_NAMES = {
+    "granitemoehybrid": [
+        (r"block_sparse_moe\.experts\.gate_up_proj$", "block_sparse_moe.input_linear.weight"),
+        (r"block_sparse_moe\.experts\.down_proj$", "block_sparse_moe.output_linear.weight"),
+        (r"block_sparse_moe\.router\.weight$", "block_sparse_moe.router.layer.weight"),
+    ],
+}
+
+
+def released_name(model_type: str, name: str) -> str:
+    for pattern, repl in RELEASED_NAMES.get(model_type, []):
+        name = re.sub(pattern, repl, name)
+    return name
 
 
 def value(name: str, shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -53,7 +70,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype or raw.get("dtype") or raw.get("torch_dtype") or "float32")
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    shapes = {released_name(config.model_type, k): tuple(v.shape) for k, v in model.state_dict().items()}
     if getattr(config, "tie_word_embeddings", False):
         shapes.pop("lm_head.weight", None)
     args.output.mkdir(parents=True, exist_ok=True)
