@@ -155,3 +155,31 @@ def test_direct_export_refuses_an_int8_cache(llama_dir: Path, tmp_path: Path) ->
     with pytest.raises(QuantizationError, match="hybridrt quantize --kv-dtype int8"):
         hybridrt.export_model(llama_dir, tmp_path / "out", quantize="int4", quantize_options={"kv_dtype": "int8"})
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("family", ["granitemoehybrid_dense", "bamba", "zamba2"])
+def test_families_keep_their_perplexity_with_an_int8_cache(exported: Path, text_file: Path, tmp_path: Path) -> None:
+    """Attention without positions (Granite 4.0 H dense), rotary on half of each head (Bamba) and
+    rotary inside the node over shared attention blocks (Zamba2) all take an int8 cache; the
+    tiny random models score held-out text within 1% of their float cache."""
+    manifest = quantize(exported, tmp_path / "kv8", "none", calibration=[text_file], kv_dtype="int8", **SMALL)
+    record, report = manifest.quantization["kv_cache"], manifest.quantization["report"]
+    assert record["layers"] and report["ppl_ratio"] <= 1.01, report
+    rotary = hybridrt.load(exported).manifest.config["rope_theta"] is not None
+    assert ("rotary pairs joined" in record["scales"]) == rotary
+
+
+@pytest.mark.parametrize("family", ["mamba2"])
+def test_a_model_without_attention_is_refused_before_any_work(exported: Path, text_file: Path, tmp_path: Path) -> None:
+    with pytest.raises(QuantizationError, match="no attention layer.*keep --kv-dtype float32"):
+        quantize(exported, tmp_path / "out", "none", calibration=[text_file], kv_dtype="int8", **SMALL)
+    assert not (tmp_path / "out").exists()
+
+
+def test_onnxruntime_genai_layout_refuses_an_int8_cache(llama_kv8: Path, tmp_path: Path) -> None:
+    from hybridrt.errors import ExportError
+    from hybridrt.export.genai_layout import convert
+
+    with pytest.raises(ExportError, match="int8"):
+        convert(llama_kv8, tmp_path / "genai")
+    assert not (tmp_path / "genai").exists()

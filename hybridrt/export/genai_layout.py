@@ -148,6 +148,11 @@ def convert(directory: str | Path, out: str | Path, *, force: bool = False) -> M
     manifest = read_manifest(directory)
     if manifest.format != "onnx":
         raise ExportError(f"layout {GENAI} needs an ONNX export; {directory} holds {manifest.format}")
+    if (manifest.quantization or {}).get("kv_cache"):
+        raise ExportError(
+            f"{directory} keeps its KV cache in int8 (quantize --kv-dtype int8); the {GENAI} layout is made and "
+            "tested for float caches only: convert a directory quantized without --kv-dtype"
+        )
     contract = GraphContract(tuple(manifest.inputs), tuple(manifest.outputs))
     runtime_type(contract.pasts, tuple(manifest.layer_types), manifest.architecture)
     if out.exists() and not force:

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..config import HybridConfig
+from ..errors import GraphError
 from ..kinds import CAPACITY, layer_kind
 
 Dim = str | int
@@ -186,6 +187,11 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 
 def state_bytes_per_sequence(spec: TensorSpec) -> int:
     """Bytes of one sequence's state; for KV buffers, bytes per position of capacity."""
+    if spec.dtype not in DTYPE_BYTES:
+        raise GraphError(
+            f"state {spec.name} has dtype {spec.dtype!r}, which this hybridrt does not know "
+            f"({', '.join(DTYPE_BYTES)}); upgrade hybridrt or re-export the model"
+        )
     n = DTYPE_BYTES[spec.dtype]
     for d in spec.dims:
         if isinstance(d, int):

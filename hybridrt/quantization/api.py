@@ -65,12 +65,13 @@ def quantize(
     if not has_tokenizer:
         _check_without_tokenizer(src, cfg, calibration, eval_text)
     texts, eval_texts = _read_inputs(cfg, calibration, eval_text) if has_tokenizer else ([], [])
+    if cfg.kv_dtype == "int8":  # before any work: the graph's attention can hold an int8 cache
+        kv_cache.check_graph(_bare_graph(src / parent_manifest.graph_file), parent_manifest)
     t0 = time.perf_counter()
     parent = load(src, "cpu")
     reader, held_out, windows = _calibrate(parent, cfg, texts, eval_texts, say) if has_tokenizer else (None, "", [])
     model, external = _load_graph(src / parent_manifest.graph_file)
     if cfg.kv_dtype == "int8":
-        kv_cache.check_graph(model.graph, parent_manifest)
         say(f"KV cache: calibrating int8 scales over {len(windows)} windows")
         kv_peak = kv_cache.calibrate(parent, windows)
     selection = (
@@ -189,6 +190,13 @@ def _calibrate(
     if len(parent.tokenizer.encode(held_out, add_special_tokens=False).ids) < 2:
         raise QuantizationError("no held-out text is left after calibration; pass --eval-text or lower --samples")
     return reader, held_out, windows
+
+
+def _bare_graph(path: Path) -> Any:
+    """The graph's nodes and tensor declarations, without its weights."""
+    import onnx
+
+    return onnx.load(str(path), load_external_data=False).graph
 
 
 def _load_graph(path: Path) -> tuple[Any, bool]:

@@ -5,8 +5,10 @@ Glossary: h_kv key/value heads, hd head dim, C KV capacity, rd rotary dims.
 onnxruntime's GroupQueryAttention keeps its past/present buffers in int8 when
 `k_quant_type`/`v_quant_type` is PER_CHANNEL and `kv_cache_bit_width` 8: a new key k [h_kv, hd]
 is stored as clip(round(k / k_scale), -128, 127) with k_scale [1, h_kv, 1, hd], and attention
-reads the stored values times the scale, for a prompt and a decode step alike (checked against
-numpy in tests/test_kv_int8.py). The buffers take a quarter of float32's bytes, so a server
+reads the stored values times the scale, for a prompt and a decode step alike (on the CPU, as
+checked against numpy; tests/test_kv_int8.py checks the stored values against the float graph's;
+onnxruntime documents that its CUDA kernel reads the float keys and values of a first prompt
+instead). The buffers take a quarter of float32's bytes, so a server
 holds four times the context per slot; on x86 the CPU kernel dequantizes as it reads and a
 decode step is about as fast as with float32 (docs/quantization.md).
 
@@ -37,11 +39,6 @@ from ..errors import QuantizationError
 from ..graphs.contract import TensorSpec, present_name
 from ..graphs.manifest import Manifest
 
-# --kv-dtype values -> what each means
-KV_DTYPES = {
-    "float32": "float32 KV buffers (the export's own)",
-    "int8": "int8 KV buffers with calibrated per-channel scales (GroupQueryAttention's quantized cache)",
-}
 QMAX = 127.0
 HEADROOM = 1.25  # scale = HEADROOM * calibrated max / QMAX (see the module docstring)
 
@@ -72,8 +69,6 @@ def calibrate(model: Any, windows: Sequence[np.ndarray]) -> dict[str, np.ndarray
             if name in kv:
                 x = np.abs(states[name][0, :, : len(ids)]).max(axis=1)  # [h_kv, hd]
                 peak[name] = x if name not in peak else np.maximum(peak[name], x)
-    if not peak:
-        raise QuantizationError("the model has no attention layer: there is no KV cache to quantize")
     return peak
 
 
@@ -121,12 +116,17 @@ def _attr(node: Any, name: str, default: Any) -> Any:
     from onnx import helper
 
     a = next((a for a in node.attribute if a.name == name), None)
-    return default if a is None else helper.get_attribute_value(a)
+    value = default if a is None else helper.get_attribute_value(a)
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def check_graph(graph: Any, manifest: Manifest) -> None:
     """Every KV buffer is read by one GroupQueryAttention node with a float32 buffer, or a typed
     error naming the layer (plain-operator attention has no quantized cache)."""
+    if not kv_pairs(manifest):
+        raise QuantizationError(
+            "the model has no attention layer, so there is no KV cache to quantize; keep --kv-dtype float32"
+        )
     read = {_node_past(n, i): n for n in _attention_nodes(graph) for i in (3, 4)}
     for key, value in kv_pairs(manifest):
         for spec in (key, value):
@@ -144,18 +144,22 @@ def check_graph(graph: Any, manifest: Manifest) -> None:
 def quantize_kv(graph: Any, manifest: Manifest, kv_scales: dict[str, np.ndarray]) -> list[str]:
     """Rewrite the graph and the manifest's specs for int8 KV buffers, in place: each
     GroupQueryAttention reads and writes int8 with its layer's scales (initializers named after
-    the node), the KV inputs and outputs become int8. Returns the nodes rewritten."""
+    the KV buffer: past.{i}.key.scale), the KV inputs and outputs become int8. Returns the nodes
+    rewritten."""
     from onnx import TensorProto, helper, numpy_helper
 
     check_graph(graph, manifest)
+    taken = {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
     rewritten = []
     for node in _attention_nodes(graph):
         key, value = _node_past(node, 3), _node_past(node, 4)
         if key not in kv_scales or value not in kv_scales:
             continue
         names = []
-        for past, which in ((key, "k_scale"), (value, "v_scale")):
-            name = f"{node.name}/{which}"
+        for past in (key, value):
+            name = f"{past}.scale"  # one per KV buffer: unique as the graph's inputs are
+            if name in taken:
+                raise QuantizationError(f"the graph already has a tensor named {name}; re-export it")
             graph.initializer.append(numpy_helper.from_array(kv_scales[past], name))
             names.append(name)
         inputs = list(node.input) + [""] * max(0, 17 - len(node.input))
@@ -196,9 +200,10 @@ def _as_int8(spec: TensorSpec, names: set[str]) -> TensorSpec:
 def record(manifest: Manifest, kv_scales: dict[str, np.ndarray], windows: int, nodes: list[str]) -> dict[str, Any]:
     """The manifest's account of the KV cache: dtype, scales, and what they were calibrated on."""
     layers = sorted({int(s.layer or 0) for pair in kv_pairs(manifest) for s in pair if s.name in kv_scales})
+    rotary = "; rotary pairs joined" if HybridConfig.from_dict(manifest.config).uses_positions else ""
     return {
         "dtype": "int8",
-        "scales": f"per channel (kv head x head dim), {HEADROOM:g} x calibrated max |value| / 127; rotary pairs joined",
+        "scales": f"per channel (kv head x head dim), {HEADROOM:g} x calibrated max |value| / 127{rotary}",
         "calibration_windows": windows,
         "layers": layers,
         "nodes": nodes,
