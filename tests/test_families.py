@@ -140,6 +140,22 @@ def test_batch_of_different_lengths_equals_each_prompt_alone(exported: Path) -> 
     assert model.generate(prompts, **GREEDY) == [model.generate(p, **GREEDY) for p in prompts]
 
 
+def test_states_in_place_equal_two_buffers(exported: Path) -> None:
+    """Every conv and SSM state is read and written in one buffer (graphs/in_place.py) but a
+    Mamba1 layer's SSM (an onnxruntime Scan), and generation in place (the default stepper)
+    gives the logits of two alternating buffers bit for bit."""
+    model = hybridrt.load(exported)
+    m = model.manifest
+    mamba1 = {i for i, kind in enumerate(m.layer_types) if kind == "mamba"}
+    fixed = [s for s in m.pasts if not s.is_kv]
+    assert m.in_place == [s.name for s in fixed if not (s.layer in mamba1 and s.kind == "ssm")]
+    fast, slow = model.stepper(2, 48), model.stepper(2, 48, ring=2)
+    rng = np.random.default_rng(0)
+    for n in (7, 5, 1, 1, 1, 1):
+        ids = rng.integers(3, 320, (2, n)).astype(np.int64)
+        np.testing.assert_array_equal(fast.forward(ids), slow.forward(ids))
+
+
 @pytest.mark.parametrize(("mode", "ppl", "kl"), [("int8-dynamic", 0.02, 0.05), ("int4", 0.08, 0.3)])
 def test_quantized_graph_stays_close_to_float(
     family: str, exported: Path, text_file: Path, tmp_path: Path, mode: str, ppl: float, kl: float

@@ -199,7 +199,7 @@ def test_verify_calls_stay_short_when_drafts_are_rejected(jamba_onnx: Path, jamb
     cfg = target.generation_config(max_new_tokens=60, eos_token_id=[], num_assistant_tokens_schedule="constant")
     room = len(PROMPTS[0]) + cfg.max_new_tokens
     drafter = Draft.start(target, draft, cfg, room)
-    stepper = target.stepper(1, room + drafter.schedule.max_k + 2)
+    stepper = target.stepper(1, room + drafter.schedule.max_k + 2, ring=2)
     lengths: list[int] = []
     forward = stepper.forward
 

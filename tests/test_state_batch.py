@@ -27,13 +27,15 @@ from hybridrt.serve.engine import Engine, EngineConfig, Request, Update
 KINDS = ["plain", "host", "device"]
 
 
-def stepper_of(model: Any, kind: str, batch: int, capacity: int) -> Stepper:
-    """A state batch of one of KINDS."""
+def stepper_of(model: Any, kind: str, batch: int, capacity: int, ring: int = 1) -> Stepper:
+    """A state batch of one of KINDS (ring 1: no rewinds, states in place where the graph allows)."""
     args = (model.inference_session, model.manifest, batch, capacity)
     if kind == "plain":
         return PlainStepper(*args)
-    stepper = BoundStepper(*args, model.device)
-    stepper.on_host = kind == "host"
+    stepper = BoundStepper(*args, model.device, ring)
+    if kind == "device":  # the device path on the CPU: two sets of every state, none shared
+        stepper.on_host = False
+        stepper._replace(stepper._arrays())
     return stepper
 
 
@@ -122,7 +124,7 @@ def test_reserved_room_takes_rows_without_reallocating(jamba_onnx: Path) -> None
     """reserve(n) (the server's slots): rows join into that room and leave it with the buffers
     in place, and the room stays when the batch empties to one row."""
     model = hybridrt.load(jamba_onnx)
-    batch = stepper_of(model, "host", 1, 16)
+    batch = stepper_of(model, "host", 1, 16, ring=2)
     prefill(batch, [_prompt(5)])
     assert isinstance(batch, BoundStepper)
 
@@ -171,7 +173,7 @@ def test_a_row_copied_out_continues_in_another_batch(jamba_onnx: Path, kind: str
 @pytest.mark.parametrize("kind", KINDS)
 def test_rewind_takes_back_the_last_call(jamba_onnx: Path, kind: str) -> None:
     model = hybridrt.load(jamba_onnx)
-    stepper = stepper_of(model, kind, 1, 4)
+    stepper = stepper_of(model, kind, 1, 4, ring=2)
     stepper.forward(np.asarray([[5, 17, 99]]))
     mark = stepper.checkpoint()
     before = stepper.forward(np.asarray([[4]])).copy()

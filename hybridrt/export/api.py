@@ -150,6 +150,7 @@ def _write_onnx(
 ) -> Manifest:
     """ONNX, one layer at a time from the memory-mapped checkpoint (export.streamed)."""
     from ..errors import QuantizationError
+    from ..graphs.in_place import in_place_from_file
     from ..models.checkpoint import open_weights
     from ..models.weights import numel
     from . import validate as val
@@ -187,6 +188,7 @@ def _write_onnx(
         copy_tokenizer(src, tmp)
         n_params = sum(numel(s) for s in weights.shapes.values())
         manifest = _manifest(weights.cfg, contract, weights.hf, src, "onnx", n_params)
+        manifest.in_place = in_place_from_file(graph_path, manifest.pasts)
         manifest.provenance["fused_ops"] = fused_ops
         fusion: dict[str, Any] | bool = False
         if written.fusion is not None:

@@ -65,6 +65,9 @@ class Manifest:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     parity: dict[str, Any] = field(default_factory=dict)
     generation: dict[str, Any] | None = None  # recommended settings (graphs/generation.py)
+    # Fixed-size states whose one reader is their writer, so that a step may read and write them
+    # in one buffer (graphs/in_place.py); empty in manifests written before it.
+    in_place: list[str] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -102,6 +105,7 @@ class Manifest:
             "provenance": self.provenance,
             "parity": self.parity,
             "generation": self.generation,
+            "in_place": self.in_place,
             "files": self.files,
             "config": self.config,
         }
@@ -137,6 +141,7 @@ class Manifest:
             files=d.get("files", {}),
             parity=d.get("parity", {}),
             generation=d.get("generation"),
+            in_place=list(d.get("in_place", [])),
             schema_version=int(d.get("schema_version", SCHEMA_VERSION)),
         )
 
@@ -167,6 +172,12 @@ def read_manifest(directory: str | Path) -> Manifest:
         )
     check_manifest(data, str(path), tuple(GRAPH_FILES))
     manifest = Manifest.from_dict(data)
+    fixed = {s.name for s in manifest.pasts if not s.is_kv}
+    if unknown := [n for n in manifest.in_place if n not in fixed]:
+        raise GraphError(
+            f"{path} lists {unknown[0]!r} under in_place, which is not a fixed-size state of the graph; "
+            "the manifest was edited or damaged: re-export the model"
+        )
     if manifest.schema_version > SCHEMA_VERSION:
         raise GraphError(
             f"{path} has schema version {manifest.schema_version}; this hybridrt reads up to {SCHEMA_VERSION}. "

@@ -134,6 +134,7 @@ MANIFEST_SCHEMA = Record(
         "parity": PARITY,
         "files": MapOf(Record({"sha256": Check(str, lambda v: len(v) == 64, "64 hex digits"), "bytes": NON_NEGATIVE})),
         "generation": Maybe(GENERATION),
+        "in_place": ListOf(str),
     },
 )
 

@@ -21,6 +21,7 @@ from typing import Any
 from .._version import __version__
 from ..errors import QuantizationError
 from ..graphs.files import atomic_directory, copy_tokenizer, save_onnx
+from ..graphs.in_place import in_place_states
 from ..graphs.manifest import Manifest, read_manifest
 from ..runtime.text import TOKENIZER
 from ..runtime.validate import as_path, as_paths
@@ -95,6 +96,7 @@ def quantize(
             nodes = kv_cache.quantize_kv(quantized.graph, manifest, scales)
             manifest.quantization["kv_cache"] = kv_cache.record(manifest, scales, len(windows), nodes)
         rewrites.order_nodes(quantized.graph)
+        manifest.in_place = in_place_states(quantized.graph, manifest.pasts)
         save_onnx(quantized, tmp / parent_manifest.graph_file, external)
         copy_tokenizer(src, tmp)
         manifest.record_files(tmp)

@@ -7,6 +7,12 @@ states (conv/ssm) are kept in `ring` sets allocated once, with one IOBinding pre
 call n reads set n mod R and writes set n+1 mod R. A decode step binds only input_ids,
 past_lengths and logit_positions; its logits land in one preallocated host buffer [b, 1, V].
 
+With ring=1 (no rewinds, what generation and serving use) the states the manifest lists as
+`in_place` (graphs/in_place.py: LinearAttention's and CausalConvWithState's) are, on the CPU,
+one buffer that every set shares, bound as both past and present like KV: onnxruntime then
+neither copies a state into a second buffer nor moves it through memory twice per step
+(granite-h-350m: 22 MB of SSM state a token). The other fixed states alternate between two sets.
+
 On the CPU the buffers are numpy arrays that the OrtValues alias, so rows are read and written
 without a copy through the session; they have room for more rows than the batch holds (the
 OrtValues alias the first `batch` rows), so a row that joins or leaves copies one row, not the
@@ -44,14 +50,16 @@ class BoundStepper(Stepper):
         batch: int,
         capacity: int,
         device: tuple[str, int],
-        ring: int = 2,
+        ring: int = 1,
     ) -> None:
         super().__init__(session, manifest, batch, capacity)
-        if ring < 2:
-            raise ValueError(f"ring must be at least 2 (read one set, write another), got {ring}")
+        self.ring: int
+        if ring < 1:
+            raise ValueError(f"ring must be at least 1 (1: no rewinds, states in place), got {ring}")
         self.device = device
         self.on_host = device[0] == "cpu"
-        self.ring = self.sets = ring
+        self.ring = ring
+        self.sets = max(ring, 2)  # a state that is not in place is read from one set, written to another
         self.kv = [s for s in self.pasts if s.is_kv]
         self.fixed = [s for s in self.pasts if not s.is_kv]
         self.current = 0  # the fixed-state set the next call reads
@@ -81,8 +89,18 @@ class BoundStepper(Stepper):
             buffer[: len(x)] = x
             return buffer
 
+        # A state in place is one buffer that every set shares (bound as past and present): only
+        # without rewinds, and on the CPU, whose kernels were measured reading and writing one
+        # buffer (graphs/in_place.py).
+        in_place = set(self.manifest.in_place) if self.ring == 1 and self.on_host else set()
+        shared = [s.name in in_place for s in self.fixed]
         self._kv_pool = [pool(x) for x in kv]
-        self._fixed_pool = [[pool(x) for x in group] for group in fixed]
+        self._fixed_pool: list[list[np.ndarray]] = []
+        for group in fixed:
+            first = self._fixed_pool[0] if self._fixed_pool else None
+            self._fixed_pool.append(
+                [first[j] if first and one else pool(x) for j, (x, one) in enumerate(zip(group, shared))]
+            )
         self._view()
 
     def _view(self) -> None:
@@ -93,7 +111,15 @@ class BoundStepper(Stepper):
         self._kv_host = [x[:b] for x in self._kv_pool]
         self._fixed_host = [[x[:b] for x in group] for group in self._fixed_pool]
         self._kv_values = [self._value(x) for x in self._kv_host]
-        self._fixed_values = [[self._value(x) for x in group] for group in self._fixed_host]
+        self._fixed_values: list[list[Any]] = []
+        for k, group in enumerate(self._fixed_host):  # a shared buffer: one OrtValue, past and present
+            pools = self._fixed_pool[k]
+            self._fixed_values.append(
+                [
+                    self._fixed_values[0][j] if k and pools[j] is self._fixed_pool[0][j] else self._value(x)
+                    for j, x in enumerate(group)
+                ]
+            )
         self._kv_spare: list[Any] = []  # a second KV set for reorder off the host, made on first use
         self.step_logits = np.empty((b, 1, self.vocab), dtype=np.float32)
         self._step_value = ort.OrtValue.ortvalue_from_numpy(self.step_logits)
@@ -212,8 +238,18 @@ class BoundStepper(Stepper):
         self.batch = m
         self._view()
 
+    def rewinding(self, calls: int) -> Stepper:
+        if calls < self.ring:
+            return self
+        other = BoundStepper(self.session, self.manifest, self.batch, self.capacity, self.device, calls + 1)
+        other._replace(self._arrays(), self.reserved)  # copies: this stepper's buffers stay its own
+        # A later epoch: marks of this stepper name its sets, not the other's, and are refused there.
+        other.lengths, other.calls, other.epoch = self.lengths.copy(), self.calls, self.epoch + 1
+        other.floor = self.floor
+        return other
+
     def fresh(self, batch: int) -> Stepper:
-        return BoundStepper(self.session, self.manifest, batch, self.capacity, self.device, self.sets)
+        return BoundStepper(self.session, self.manifest, batch, self.capacity, self.device, self.ring)
 
     def set_row(self, row: int, states: list[np.ndarray], length: int) -> None:
         new = {s.name: _fit(x, s, self.capacity)[0] for s, x in zip(self.pasts, states)}

@@ -190,11 +190,12 @@ class Model:
                     row.insert(0, bos)
         return prompts
 
-    def stepper(self, batch: int, capacity: int, ring: int = 2) -> Stepper:
+    def stepper(self, batch: int, capacity: int, ring: int = 1) -> Stepper:
         """A state batch of `batch` fresh rows (zero states, lengths 0) with KV buffers of
         `capacity` positions, regrown when a call needs more: bound on the session's device
         (unless the model was loaded with io_binding=False). `ring`: how many sets of
-        fixed-size states it keeps, so that it can rewind ring - 1 calls."""
+        fixed-size states it keeps, so that it can rewind ring - 1 calls; with 1 (no rewinds)
+        the states that can be are read and written in place (runtime.bound)."""
         if self.io_binding:
             return BoundStepper(self.inference_session, self.manifest, batch, capacity, self.device, ring)
         return PlainStepper(self.inference_session, self.manifest, batch, capacity)
@@ -204,7 +205,7 @@ class Model:
     ) -> Iterator[np.ndarray]:
         room = len(row) + cfg.max_new_tokens
         drafter = Draft.start(self, draft, cfg, room)
-        target = self.stepper(1, min(room + drafter.schedule.max_k + 2, self.max_length))
+        target = self.stepper(1, min(room + drafter.schedule.max_k + 2, self.max_length), ring=2)
         eos = cfg.eos_ids(self.eos_token_ids)
         return speculate(target, drafter, list(row), cfg, eos, stats, None, stop_check(self.tokenizer, cfg.stops))
 
@@ -330,7 +331,9 @@ class ChatSession:
                 self.draft = Draft.start(m, draft, cfg, room)
                 self.draft_model = draft
                 if self.stepper is None:
-                    self.stepper = m.stepper(1, min(room + self.draft.schedule.max_k + 2, m.max_length))
+                    self.stepper = m.stepper(1, min(room + self.draft.schedule.max_k + 2, m.max_length), ring=2)
+            if self.stepper is not None:  # turns without a draft ran it in place: now it must rewind a call
+                self.stepper = self.stepper.rewinding(1)
         if self.stepper is None:
             # Room for this turn; later turns regrow the KV buffers (doubling) when they need more.
             self.stepper = m.stepper(1, m._capacity_for(prompts.rows, cfg, len(self.history)))

@@ -129,6 +129,10 @@ class Stepper:
         self.lengths = mark.lengths.copy()
         self.calls = mark.calls
 
+    def rewinding(self, calls: int) -> Stepper:
+        """This stepper if it can rewind `calls` calls, else one holding the same states that can."""
+        return self
+
     def _mark(self) -> Any:
         raise NotImplementedError
 

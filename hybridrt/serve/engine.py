@@ -214,7 +214,10 @@ class Engine:
         none (64 admitted at once would otherwise hold 64 models' worth of states)."""
         assert self.model is not None
         if req.rows is None:
-            req.rows = self.model.stepper(1, len(req.prompt) + req.cfg.max_new_tokens)
+            # A speculative round takes back its verifying call: with a draft the states keep
+            # two sets; without one they are read and written in place (runtime.bound).
+            ring = 2 if self.assistant is not None else 1
+            req.rows = self.model.stepper(1, len(req.prompt) + req.cfg.max_new_tokens, ring=ring)
             if req.resume is not None:
                 req.rows.set_row(0, req.resume.states, req.resume.length)
                 req.resume = None
