@@ -19,7 +19,9 @@ Run on a quiet machine: 2 threads everywhere (`--threads`). `--rounds N` then me
 alone for hybridrt's int8 and int4 modes and the peers' files in turn, N rounds, and adds the
 medians to bench.md (alternated.json): the speed of this shared machine drifts over minutes,
 so ratios between runtimes are fair only when their runs interleave (`--skip-table` runs the
-rounds alone on an earlier table). Each entry there also gets the weight bytes one decode step
+rounds alone on an earlier table, or with none). `--dirs NAME:LABEL=DIR` adds hybridrt
+directories to the rounds: an export whose manifest predates a runtime change beside one
+that has it, say. Each entry there also gets the weight bytes one decode step
 reads (every weight but an embedding table that only a lookup reads) and the rate at which it
 reads them (MB x tokens/s): decode at batch 1 streams the weights once per token, so that rate
 shows how well a runtime uses the memory bandwidth apart from how many bytes its format stores.
@@ -39,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("float", "int8-dynamic", "int8-weight", "int4", "int4-vocab4", "int4-sym-vocab4")
-# How each quantized mode is made: hybridrt quantize's mode and options.
+# How each quantized mode is made: `export --quantize`'s mode and options.
 QUANTIZE = {
     "int8-dynamic": ("int8-dynamic", {}),
     "int8-weight": ("int8-weight", {}),
@@ -73,10 +75,12 @@ def prepare(config: Path, work: Path, modes: list[str] | tuple[str, ...] = MODES
     for mode in [m for m in modes if m != "float"]:
         dirs[mode] = work / name / mode
         if not (dirs[mode] / "hybridrt.json").exists():
-            from hybridrt.quantization import quantize
+            import hybridrt
 
+            # Straight from the checkpoint, a layer at a time (`export --quantize`): quantizing the
+            # float graph holds it whole, which a 1.46 B model's does not fit in 24 GB.
             how, options = QUANTIZE[mode]
-            quantize(dirs["float"], dirs[mode], how, **options)
+            hybridrt.export_model(ckpt, dirs[mode], quantize=how, quantize_options=options)
     return dirs | {"hf": ckpt}
 
 
@@ -509,6 +513,13 @@ def main() -> None:
     )
     ap.add_argument("--long", type=int, default=LONG, help="tokens of the long prompt (prefill, decode after it)")
     ap.add_argument("--genai", nargs="*", default=[], help="NAME=DIR of onnxruntime-genai exports")
+    ap.add_argument(
+        "--dirs",
+        nargs="*",
+        default=[],
+        help="NAME:LABEL=DIR: more hybridrt directories for the rounds (another export of a model, or one "
+        "whose manifest predates a runtime change), labelled LABEL",
+    )
     ap.add_argument("--no-torch", action="store_true", help="skip PyTorch eager")
     ap.add_argument(
         "--rounds",
@@ -525,14 +536,20 @@ def main() -> None:
         os.environ["HYBRIDRT_LLAMA_BENCH"] = str(args.llama_bench.resolve())
     gguf_kind = "llama_bench" if args.llama_bench else "llama_cpp"
     if args.skip_table:
-        rows = json.loads((args.out / "bench.json").read_text())
+        table_file = args.out / "bench.json"
+        rows = json.loads(table_file.read_text()) if table_file.exists() else []
     else:
         rows = run_table(args)
     if args.rounds:
         entries = []
         for name in args.models:
             for mode in [m for m in ("int8-dynamic", "int8-weight", "int4", "int4-sym-vocab4") if m in args.modes]:
-                entries.append((name, "hybridrt", mode, f"hybridrt:{args.work / name / mode}"))
+                if (args.work / name / mode / "hybridrt.json").exists():
+                    entries.append((name, "hybridrt", mode, f"hybridrt:{args.work / name / mode}"))
+            for spec in args.dirs:
+                label, path = spec.split("=", 1)
+                if label.startswith(f"{name}:"):
+                    entries.append((name, "hybridrt", label.split(":", 1)[1], f"hybridrt:{path}"))
             for spec in args.gguf:
                 label, path = spec.split("=", 1)
                 if label.startswith(f"{name}:"):
@@ -544,7 +561,8 @@ def main() -> None:
         alternated = alternate(entries, args.rounds, args.threads)
         (args.out / "alternated.json").write_text(json.dumps(alternated, indent=2))
         text = f"Decode alone, {args.rounds} rounds in turn (each entry in its own process):\n\n"
-        (args.out / "bench.md").write_text(table(rows) + "\n\n" + text + alternated_table(alternated) + "\n")
+        head = table(rows) + "\n\n" if rows else ""
+        (args.out / "bench.md").write_text(head + text + alternated_table(alternated) + "\n")
         print(alternated_table(alternated))
 
 

@@ -18,6 +18,7 @@ import hybridrt
 from hybridrt.errors import GenerationError, GraphError
 from hybridrt.graphs.contract import TensorSpec
 from hybridrt.graphs.in_place import in_place_states
+from hybridrt.graphs.inspect import describe
 from hybridrt.runtime.bound import BoundStepper
 from hybridrt.runtime.decode import prefill
 
@@ -161,6 +162,8 @@ def test_manifest_in_place_names_a_fixed_state(jamba_onnx: Path, tmp_path: Path)
     shutil.copytree(jamba_onnx, copy)
     data = json.loads((copy / "hybridrt.json").read_text())
     assert data["in_place"] and all(".conv" in n for n in data["in_place"])  # Mamba1's SSM is a Scan's
+    fixed = sum(1 for s in data["inputs"] if s["name"].startswith("past.") and s["kind"] in ("conv", "ssm"))
+    assert f"in place: {len(data['in_place'])} of {fixed} fixed-size states" in describe(copy)
     data["in_place"] = ["past.1.key"]
     (copy / "hybridrt.json").write_text(json.dumps(data))
     with pytest.raises(GraphError, match="past.1.key.*not a fixed-size state"):

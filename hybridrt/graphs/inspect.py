@@ -42,8 +42,14 @@ def describe(directory: str | Path, manifest: Manifest | None = None) -> str:
             lines.append(f"  {s.name:<18} {s.kind:<6} {dims:<28} {s.dtype}  {_size(n)} per position")
         else:
             fixed += n
-            lines.append(f"  {s.name:<18} {s.kind:<6} {dims:<28} {s.dtype}  {_size(n)}")
+            where = "  in place" if s.name in m.in_place else ""
+            lines.append(f"  {s.name:<18} {s.kind:<6} {dims:<28} {s.dtype}  {_size(n)}{where}")
     lines.append(f"  total: {_size(fixed)} fixed + {_size(grow)} per position of KV capacity")
+    if any(not s.is_kv for s in m.pasts):
+        lines.append(
+            f"  in place: {len(m.in_place)} of {sum(not s.is_kv for s in m.pasts)} fixed-size states "
+            "(read and written in one buffer; graphs written before this list none)"
+        )
     lines.append("files:")
     for name, info in m.files.items():
         lines.append(f"  {name:<24} {_size(info['bytes']):>12}  sha256 {info['sha256'][:12]}")
