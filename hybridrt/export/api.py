@@ -150,7 +150,7 @@ def _write_onnx(
 ) -> Manifest:
     """ONNX, one layer at a time from the memory-mapped checkpoint (export.streamed)."""
     from ..errors import QuantizationError
-    from ..graphs.in_place import in_place_from_file
+    from ..graphs.in_place import in_place_states
     from ..models.checkpoint import open_weights
     from ..models.weights import numel
     from . import validate as val
@@ -184,11 +184,11 @@ def _write_onnx(
             raise
         except Exception as e:
             raise ExportError(f"ONNX export failed for {weights.cfg.model_type}: {type(e).__name__}: {e}") from e
-        check_graph(graph_path)
+        graph = check_graph(graph_path).graph  # read once: checked, then searched for states in place
         copy_tokenizer(src, tmp)
         n_params = sum(numel(s) for s in weights.shapes.values())
         manifest = _manifest(weights.cfg, contract, weights.hf, src, "onnx", n_params)
-        manifest.in_place = in_place_from_file(graph_path, manifest.pasts)
+        manifest.in_place = in_place_states(graph, manifest.pasts)
         manifest.provenance["fused_ops"] = fused_ops
         fusion: dict[str, Any] | bool = False
         if written.fusion is not None:

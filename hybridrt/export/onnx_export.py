@@ -98,24 +98,24 @@ def program_to_onnx(
     return onnx_program.model_proto
 
 
-def check_graph(path: str | Path) -> None:
-    """onnx's checker on a saved graph. SimplifiedLayerNormalization is an onnxruntime
-    operator in the default domain, which the checker rejects as unknown: a graph with one is
-    checked as a copy (weights left in their files) where those nodes sit in onnxruntime's
-    domain."""
+def check_graph(path: str | Path) -> onnx.ModelProto:
+    """onnx's checker on a saved graph; returns the graph it read (weights left in their files).
+    SimplifiedLayerNormalization is an onnxruntime operator in the default domain, which the
+    checker rejects as unknown: a graph with one is checked as a copy where those nodes sit in
+    onnxruntime's domain (the graph returned has them there too)."""
     from .fuse import FUSED_NORM_OPS
 
     path = Path(path)
     graph = onnx.load(str(path), load_external_data=False)
     if not any(n.op_type in FUSED_NORM_OPS and n.domain in ("", "ai.onnx") for n in graph.graph.node):
         onnx.checker.check_model(str(path))
-        return
+        return graph
     for node in graph.graph.node:
         if node.op_type in FUSED_NORM_OPS:
             node.domain = "com.microsoft"
     if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer):
         onnx.checker.check_model(graph)
-        return
+        return graph
     # External data paths are relative to the graph file: check the copy beside it.
     fd, name = tempfile.mkstemp(suffix=".onnx", dir=path.parent)
     os.close(fd)
@@ -124,6 +124,7 @@ def check_graph(path: str | Path) -> None:
         onnx.checker.check_model(name)
     finally:
         os.unlink(name)
+    return graph
 
 
 def _name_dims(model: onnx.ModelProto, dims: dict[str, tuple[object, ...]]) -> None:

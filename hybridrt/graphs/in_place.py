@@ -62,10 +62,3 @@ def in_place_states(graph: Any, pasts: list[TensorSpec]) -> list[str]:
         if len(outputs) > present_at and outputs[present_at] == present_name(spec.name):
             out.append(spec.name)
     return out
-
-
-def in_place_from_file(path: Any, pasts: list[TensorSpec]) -> list[str]:
-    """`in_place_states` of a saved graph (its weights left in their files)."""
-    import onnx
-
-    return in_place_states(onnx.load(str(path), load_external_data=False).graph, pasts)

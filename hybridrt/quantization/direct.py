@@ -119,7 +119,6 @@ def _finish_export(
 ) -> Any:
     """The quantized directory's manifest, as `quantize` writes it, and its quality report
     against the float graph in `float_dir` when evaluation text was given."""
-    from ..graphs.in_place import in_place_from_file
     from ..graphs.manifest import Manifest
     from ..runtime import load
     from .api import NO_REPORT, _gate, _manifest, _read_inputs
@@ -133,7 +132,6 @@ def _finish_export(
     manifest = _manifest(Manifest.from_dict(float_manifest.to_dict()), src, cfg, quantizer.selection, None, evaluation)
     assert manifest.quantization is not None
     manifest.quantization |= {"vocab": quantizer.vocab, "direct": True}
-    manifest.in_place = in_place_from_file(out / manifest.graph_file, manifest.pasts)
     manifest.record_files(out)
     manifest.write(out)
     graph_bytes = sum(p.stat().st_size for p in out.iterdir() if p.name.startswith(manifest.graph_file))
