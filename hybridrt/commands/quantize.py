@@ -37,7 +37,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", required=True, help="output directory (must not exist unless --force)")
     p.add_argument("--mode", required=True, choices=list(MODES), help="; ".join(f"{k}: {v}" for k, v in MODES.items()))
     algos = ", ".join(f"{m}: {'|'.join(a)}" for m, a in ALGOS.items())
-    p.add_argument("--algo", help=f"weight-only algorithm ({algos}; default rtn)")
+    p.add_argument(
+        "--algo",
+        help=f"weight-only algorithm ({algos}; default rtn). hqq's float zero points have no int8 kernel in "
+        "onnxruntime's CPU MatMulNBits: closer to float, several times slower there",
+    )
     p.add_argument("--block-size", type=int, default=DEFAULTS.block_size, help="weights per scale (weight-only modes)")
     p.add_argument(
         "--accuracy-level",
@@ -96,6 +100,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the manifest's quantization record as JSON")
 
 
+HQQ_NOTE = (
+    "note: hqq keeps float zero points, which onnxruntime's CPU MatMulNBits runs through its slow "
+    "dequantizing path (no int8 kernel): expect decode several times slower on the CPU than --algo rtn "
+    "(docs/quantization.md, rtn, hqq or gptq)"
+)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..graphs.inspect import describe_vocab
     from .common import Ticker
@@ -114,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
         f"{args.output}: {q['mode']}{algo}, {len(q['quantized_nodes'])} nodes quantized{mixed}, "
         f"{len(q['excluded'])} kept float | {size['bytes'] / 1e6:.2f} MB ({size['ratio']:.3f} of the float graph)"
     )
+    if q["algo"] == "hqq":
+        print(HQQ_NOTE)
     kv = q.get("kv_cache")
     if kv:
         print(
