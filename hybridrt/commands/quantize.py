@@ -42,7 +42,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help=f"weight-only algorithm ({algos}; default rtn). hqq's float zero points have no int8 kernel in "
         "onnxruntime's CPU MatMulNBits: closer to float, several times slower there",
     )
-    p.add_argument("--block-size", type=int, default=DEFAULTS.block_size, help="weights per scale (weight-only modes)")
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULTS.block_size,
+        help="weights per scale (weight-only modes); onnxruntime keeps 2 floats a block in memory, "
+        "so at int4 64 streams 5 bits a weight instead of 6: faster decode, further from float "
+        "(docs/quantization.md)",
+    )
     p.add_argument(
         "--accuracy-level",
         type=int,
