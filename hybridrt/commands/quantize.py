@@ -109,7 +109,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 HQQ_NOTE = (
     "note: hqq keeps float zero points, which onnxruntime's CPU MatMulNBits runs through its slow "
-    "dequantizing path (no int8 kernel): expect decode several times slower on the CPU than --algo rtn "
+    "fallback path (no int8 kernel): expect decode several times slower on the CPU than --algo rtn "
     "(docs/quantization.md, rtn, hqq or gptq)"
 )
 
