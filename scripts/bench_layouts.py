@@ -1,7 +1,6 @@
 """Weight layouts for the decode-step products, alone: ten layers of granite-h-1b's projections (in_proj,
-out_proj, the MLP's two) at batch 1 in one graph, random weights in the chosen layout, timed with IO binding,
-and the growth of the process's resident memory when the session loads them (a rough figure: the allocator,
-and when onnxruntime frees the unpacked initializers, move it). Run each layout in its own process, in turn:
+out_proj, the MLP's two) at batch 1 in one graph, random weights in the chosen layout, timed with IO binding
+(bench_matmul_share.step_ms). Run each layout in its own process, in turn:
 
     for r in 1 2; do for l in nbits-4-32-zp nbits-4-32-nz nbits-4-64-nz nbits-4-32-fzp dqmm; do
         python scripts/bench_layouts.py $l; done; done
@@ -13,14 +12,12 @@ LAYOUT: `nbits-BITS-BLOCK-ZP` (MatMulNBits at accuracy level 4; ZP `zp` packed u
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
+from bench_matmul_share import step_ms  # scripts/ is on the path when a script runs
 from onnx import TensorProto, helper, numpy_helper
 
 SHAPES = [(1536, 6448), (3072, 1536), (1536, 8192), (4096, 1536)]  # (K, N) of one granite-h-1b layer
@@ -77,49 +74,26 @@ def build(layout: str, layers: int, level: int, rng: np.random.Generator) -> tup
     return helper.make_model(graph, opset_imports=opsets), nbytes
 
 
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("layout")
     ap.add_argument("--layers", type=int, default=10)
     ap.add_argument("--level", type=int, default=4, help="MatMulNBits accuracy level")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=20, help="runs per timing; five timings, the median reported")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     model, nbytes = build(args.layout, args.layers, args.level, rng)
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "m.onnx")
-        onnx.save(model, path, save_as_external_data=True, location="m.data")
+        path = Path(tmp) / "m.onnx"
+        onnx.save(model, str(path), save_as_external_data=True, location="m.data")
         del model
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = args.threads
-        before = rss_mb()
-        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        binding = session.io_binding()
-        for i in session.get_inputs():
-            binding.bind_cpu_input(i.name, rng.random(i.shape, dtype=np.float32))
-        for o in session.get_outputs():
-            binding.bind_output(o.name, "cpu")
-        for _ in range(10):
-            session.run_with_iobinding(binding)
-        grown = rss_mb() - before
-        times = []
-        for _ in range(5):
-            t = time.perf_counter()
-            for _ in range(20):
-                session.run_with_iobinding(binding)
-            times.append((time.perf_counter() - t) / 20 * 1e3)
+        times = step_ms(path, args.threads, args.runs)
     median = sorted(times)[2]
     weights = args.layers * sum(k * n for k, n in SHAPES)
     print(
-        f"{args.layout:16s} file {nbytes / 1e6:7.1f} MB ({nbytes * 8 / weights:.3f} bits/weight), session "
-        f"+{grown:7.1f} MB | {median:7.2f} ms a step ({', '.join(f'{t:.2f}' for t in times)}), "
+        f"{args.layout:16s} file {nbytes / 1e6:7.1f} MB ({nbytes * 8 / weights:.3f} bits/weight) | "
+        f"{median:7.2f} ms a step ({', '.join(f'{t:.2f}' for t in times)}), "
         f"{nbytes / median / 1e6:5.1f} GB/s of file bytes"
     )
 

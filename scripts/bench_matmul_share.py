@@ -42,6 +42,29 @@ def matmuls_only(model_dir: Path, out: Path) -> tuple[list[onnx.ValueInfoProto],
     return inputs, nbytes
 
 
+def step_ms(path: Path, threads: int, runs: int) -> list[float]:
+    """Five timings (ms per run, `runs` runs each) of the graph at path, its inputs random and
+    bound once with IO binding, after 20 untimed runs."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    binding = session.io_binding()
+    rng = np.random.default_rng(0)
+    for i in session.get_inputs():
+        binding.bind_cpu_input(i.name, rng.random(i.shape, dtype=np.float32))
+    for o in session.get_outputs():
+        binding.bind_output(o.name, "cpu")
+    for _ in range(20):
+        session.run_with_iobinding(binding)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(runs):
+            session.run_with_iobinding(binding)
+        times.append((time.perf_counter() - t) / runs * 1e3)
+    return times
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", type=Path, help="an exported int4 directory")
@@ -51,23 +74,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "matmuls.onnx"
         inputs, nbytes = matmuls_only(args.model, path)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = args.threads
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        binding = session.io_binding()
-        rng = np.random.default_rng(0)
-        for i in inputs:
-            binding.bind_cpu_input(i.name, rng.random([1, 1, i.type.tensor_type.shape.dim[2].dim_value], np.float32))
-        for o in session.get_outputs():
-            binding.bind_output(o.name, "cpu")
-        for _ in range(20):
-            session.run_with_iobinding(binding)
-        times = []
-        for _ in range(5):
-            t = time.perf_counter()
-            for _ in range(args.runs):
-                session.run_with_iobinding(binding)
-            times.append((time.perf_counter() - t) / args.runs * 1e3)
+        times = step_ms(path, args.threads, args.runs)
     median = sorted(times)[2]
     print(
         f"{len(inputs)} MatMulNBits, {nbytes / 1e6:.1f} MB of weights: {median:.2f} ms per step "

@@ -44,6 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     from ..quantization.config import QuantConfig
     from ..quantization.direct import DIRECT_MODES
+    from .quantize import BLOCK_SIZE_NOTE
 
     DEFAULTS = QuantConfig()
 
@@ -53,9 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--block-size",
         type=int,
         default=DEFAULTS.block_size,
-        help="weights per scale (int4, int8-weight); onnxruntime keeps 2 floats a block in memory, "
-        "so at int4 64 streams 5 bits a weight instead of 6: faster decode, further from float "
-        "(docs/quantization.md)",
+        help=f"weights per scale (int4, int8-weight); {BLOCK_SIZE_NOTE}",
     )
     q.add_argument("--symmetric", action="store_true", help="blocks with a scale and no zero point")
     q.add_argument("--accuracy-level", type=int, default=DEFAULTS.accuracy_level, help="MatMulNBits compute level")

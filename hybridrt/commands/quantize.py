@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from ..graphs.manifest import Manifest
 
 DEFAULTS = QuantConfig()
+BLOCK_SIZE_NOTE = (
+    "onnxruntime keeps 2 floats a block in memory, so at int4 64 streams 5 bits a weight instead of 6: "
+    "faster decode, further from float (docs/quantization.md)"
+)
 
 
 def _bool(value: str) -> bool:
@@ -46,9 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--block-size",
         type=int,
         default=DEFAULTS.block_size,
-        help="weights per scale (weight-only modes); onnxruntime keeps 2 floats a block in memory, "
-        "so at int4 64 streams 5 bits a weight instead of 6: faster decode, further from float "
-        "(docs/quantization.md)",
+        help=f"weights per scale (weight-only modes); {BLOCK_SIZE_NOTE}",
     )
     p.add_argument(
         "--accuracy-level",
