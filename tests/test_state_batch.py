@@ -225,3 +225,36 @@ def test_engine_keeps_states_off_the_host_between_steps(jamba_onnx: Path, monkey
     assert got == want
     # Each join copies both sides once and each leave the batch once: far fewer than the 33 steps.
     assert len(copies) <= 3 * len(prompts)
+
+
+def test_float32_kv_stays_on_the_host_beside_states_on_the_device(
+    jamba_onnx: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """onnxruntime's CUDA GroupQueryAttention has no float32 kernel, so a float32 KV cache is
+    attended on the CPU: with a CUDA device its buffers are host OrtValues (written in place by
+    the CPU kernel) while the conv and SSM states are device OrtValues. Here the device's
+    OrtValues are made on the CPU (no GPU), with the device each was asked for recorded; on a
+    GPU the same stepper gave greedy tokens equal to transformers for all 19 families
+    (docs/gpu.md), where device KV buffers had diverged after the first token."""
+    import onnxruntime as ort
+
+    model = hybridrt.load(jamba_onnx)
+    made: list[tuple[tuple[int, ...], str]] = []
+    from_numpy = ort.OrtValue.ortvalue_from_numpy
+
+    def recorded(x: np.ndarray, device: str = "cpu", *rest: Any) -> Any:
+        made.append((x.shape, device))
+        return from_numpy(x)
+
+    monkeypatch.setattr(ort.OrtValue, "ortvalue_from_numpy", staticmethod(recorded))
+    stepper = BoundStepper(model.inference_session, model.manifest, 1, 64, ("cuda", 0))
+    assert stepper.kv_on_host and not stepper.on_host
+    kv_shapes = {tuple(v.shape()) for v in stepper._kv_values}
+    fixed_shapes = {tuple(v.shape()) for group in stepper._fixed_values for v in group}
+    assert {d for s, d in made if s in kv_shapes} == {"cpu"}
+    assert {d for s, d in made if s in fixed_shapes} == {"cuda"}
+    plain = model.stepper(1, 64)
+    prompt = np.asarray([_prompt(9)], dtype=np.int64)
+    assert np.allclose(plain.forward(prompt), stepper.forward(prompt), atol=1e-5)
+    want, got = _steps(plain, [7], 5), _steps(stepper, [7], 5)
+    assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(want, got))

@@ -77,14 +77,18 @@ def quantize(
         kv_peak = kv_cache.calibrate(parent, windows)
     selection = (
         select_nodes(model.graph, cfg, parent_manifest.layer_types)
-        if cfg.quantizes_weights
+        if cfg.quantizes_weights and cfg.mode != "float16"
         else NodeSelection([], {}, [])
     )
     rewrites.give_private_weights(model.graph, selection.quantize)
     with atomic_directory(out, QuantizationError) as tmp:
         label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
         quantized, vocab = model, None
-        if cfg.quantizes_weights:
+        if cfg.mode == "float16":
+            say("converting the graph to float16")
+            quantized, converted = methods.float16(model)
+            selection = dataclasses.replace(selection, quantize=converted)
+        elif cfg.quantizes_weights:
             say(f"quantizing {len(selection.quantize)} nodes ({label})")
             quantized = _run(model, cfg, selection, reader, tmp, external)
             vocab = _quantize_vocab(quantized.graph, cfg, selection)

@@ -14,13 +14,14 @@ MODES = {
     "int8-dynamic": "8-bit weights (per channel), activations quantized per call (DynamicQuantizeMatMul)",
     "int4": "4-bit block-wise weights (MatMulNBits), float activations",
     "int8-weight": "8-bit block-wise weights (MatMulNBits), float activations",
+    "float16": "float16 weights and matrix products, for GPUs; states, attention, the scan and norms stay float32",
     "none": "weights unchanged (with --kv-dtype int8: only the KV cache is quantized)",
 }
 # Weight-only algorithms per mode. HQQ's float zero points have no 8-bit CPU kernel
 # (MatMulNBits rejects them), so int8-weight offers RTN and GPTQ only.
 ALGOS = {"int4": ("rtn", "hqq", "gptq"), "int8-weight": ("rtn", "gptq")}
 CALIB_METHODS = ("minmax", "entropy", "percentile")
-WEIGHT_BITS = {"int8-static": 8, "int8-dynamic": 8, "int4": 4, "int8-weight": 8, "none": 32}
+WEIGHT_BITS = {"int8-static": 8, "int8-dynamic": 8, "int4": 4, "int8-weight": 8, "float16": 16, "none": 32}
 # --kv-dtype: the attention layers' KV buffers (quantization.kv_cache)
 KV_DTYPES = ("float32", "int8")
 # The operators every mode quantizes (the linear layers), besides the vocabulary matrices.
@@ -115,6 +116,10 @@ class QuantConfig:
             raise QuantizationError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.kv_dtype not in KV_DTYPES:
             raise QuantizationError(f"unknown KV dtype {self.kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
+        if self.mode == "float16" and self.kv_dtype != "float32":
+            raise QuantizationError(
+                "--kv-dtype int8 does not combine with float16; quantize the float model with one of them"
+            )
         if self.mode == "none" and self.kv_dtype == "float32":
             raise QuantizationError("mode none quantizes nothing: add --kv-dtype int8, or choose a weight mode")
         if self.symmetric and not self.weight_only:

@@ -207,3 +207,95 @@ def block_quantize(matrix_vh: np.ndarray, bits: int, block: int) -> tuple[np.nda
         np.ascontiguousarray(matrix_vh.T.astype(np.float32))
     )
     return packed, scales
+
+
+# float16 mode: the operators that keep float32. The ops that carry a state from call to call
+# (the KV buffers GroupQueryAttention writes in place, the conv and SSM states of
+# CausalConvWithState, LinearAttention and the Mamba1 Scan), the dt path's Softplus and the
+# norms, whose float32 residual stream keeps the sum of many layers exact: the rest (the
+# matrix products, their weights, the activations between them) runs in float16. Graph inputs
+# and outputs keep their types, so the states, the logits and the runtime do not change.
+FLOAT32_OPS = (
+    "GroupQueryAttention",
+    "CausalConvWithState",
+    "LinearAttention",
+    "Scan",
+    "Softplus",
+    "Exp",
+    "Softmax",
+    "ReduceMax",
+    "SimplifiedLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+    "LayerNormalization",
+    "SkipLayerNormalization",
+)
+
+
+def float16(model: Any, keep: tuple[str, ...] = FLOAT32_OPS) -> tuple[Any, list[str]]:
+    """The graph with float16 weights and products (onnxruntime.transformers.float16), and the
+    names of the nodes whose weights are now float16.
+
+    The converter places its casts from the types ONNX shape inference gives each tensor; that
+    inference runs on the graph without its weights (a model over 2 GB cannot be inferred in
+    memory), and its value types are handed to the converter."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    graph = model.graph
+    # ONNX's inference does not know onnxruntime's own operators (com.microsoft, and
+    # SimplifiedLayerNormalization): their outputs (all float in a float graph) are declared
+    # first, so that the types reach every tensor after them; a tensor left untyped is left
+    # uncast by the converter (a float32 tensor into a float16 Add, e.g.
+    # SkipSimplifiedLayerNormalization's residual sum).
+    typed = {v.name for v in graph.value_info} | {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    for node in graph.node:
+        if not onnx.defs.has(node.op_type, node.domain):
+            for name in node.output:
+                if name and name not in typed:
+                    graph.value_info.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+                    typed.add(name)
+    bare = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            graph.node,
+            graph.name,
+            [
+                *graph.input,
+                *(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in graph.initializer),
+            ],
+            graph.output,
+            value_info=graph.value_info,
+        ),
+        opset_imports=model.opset_import,
+    )
+    bare.ir_version = model.ir_version
+    try:
+        inferred = onnx.shape_inference.infer_shapes(bare)
+    except Exception as exc:
+        raise QuantizationError(f"float16: ONNX shape inference failed on the graph ({exc}); re-export it") from None
+    known = {v.name for v in graph.value_info}
+    graph.value_info.extend(v for v in inferred.graph.value_info if v.name not in known)
+    with quiet():
+        converted = convert_float_to_float16(
+            model, keep_io_types=True, op_block_list=list(keep), disable_shape_infer=True
+        )
+    _drop_repeated_casts(converted.graph)
+    half = {t.name for t in converted.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16}
+    nodes = [n.name for n in converted.graph.node if any(i in half for i in n.input)]
+    return converted, nodes
+
+
+def _drop_repeated_casts(graph: Any) -> None:
+    """The converter casts a float16 tensor back to float32 once per float32 consumer, each
+    cast with the same name and output: one is kept."""
+    seen: set[bytes] = set()
+    kept = []
+    for node in graph.node:
+        key = node.SerializeToString(deterministic=True) if node.op_type == "Cast" else None
+        if key is not None and key in seen:
+            continue
+        if key is not None:
+            seen.add(key)
+        kept.append(node)
+    if len(kept) < len(graph.node):
+        del graph.node[:]
+        graph.node.extend(kept)

@@ -39,6 +39,9 @@ from ..graphs.files import IR_VERSION
 from ..graphs.manifest import Manifest
 from .state import Stepper, _fit
 
+# KV dtypes that onnxruntime's CUDA GroupQueryAttention reads on the device (see BoundStepper).
+DEVICE_KV_DTYPES = ("float16", "bfloat16")
+
 
 class BoundStepper(Stepper):
     """States on the session's device, bound with IO binding (see the module docstring)."""
@@ -59,8 +62,13 @@ class BoundStepper(Stepper):
         self.device = device
         self.on_host = device[0] == "cpu"
         self.ring = ring
-        self.sets = max(ring, 2)  # a state that is not in place is read from one set, written to another
         self.kv = [s for s in self.pasts if s.is_kv]
+        # onnxruntime's CUDA GroupQueryAttention takes float16 and bfloat16 only: a float32 (or
+        # int8) KV cache is attended by its CPU kernel, so its buffers stay on the host, where
+        # the kernel writes them in place (on the device, onnxruntime would copy every buffer
+        # to the host and back at each step). The other states stay on the device.
+        self.kv_on_host = self.on_host or any(s.dtype not in DEVICE_KV_DTYPES for s in self.kv)
+        self.sets = max(ring, 2)  # a state that is not in place is read from one set, written to another
         self.fixed = [s for s in self.pasts if not s.is_kv]
         self.current = 0  # the fixed-state set the next call reads
         self.reserved = batch  # rows the host buffers have room for (>= batch)
@@ -71,11 +79,11 @@ class BoundStepper(Stepper):
     def _zeros(self, spec: TensorSpec) -> np.ndarray:
         return np.zeros(state_shape(spec, self.batch, self.capacity), NUMPY_DTYPES[spec.dtype])
 
-    def _value(self, x: np.ndarray) -> Any:
-        """An OrtValue on the device: on the CPU it aliases x (which must stay alive)."""
+    def _value(self, x: np.ndarray, host: bool = False) -> Any:
+        """An OrtValue on the device: on the CPU (or `host`) it aliases x (which must stay alive)."""
         import onnxruntime as ort
 
-        if self.on_host:
+        if self.on_host or host:
             return ort.OrtValue.ortvalue_from_numpy(x)
         return ort.OrtValue.ortvalue_from_numpy(x, *self.device)
 
@@ -110,7 +118,7 @@ class BoundStepper(Stepper):
         b = self.batch
         self._kv_host = [x[:b] for x in self._kv_pool]
         self._fixed_host = [[x[:b] for x in group] for group in self._fixed_pool]
-        self._kv_values = [self._value(x) for x in self._kv_host]
+        self._kv_values = [self._value(x, self.kv_on_host) for x in self._kv_host]
         self._fixed_values: list[list[Any]] = []
         for k, group in enumerate(self._fixed_host):  # a shared buffer: one OrtValue, past and present
             pools = self._fixed_pool[k]
@@ -277,16 +285,17 @@ class BoundStepper(Stepper):
             self.current = following
             if self.kv:
                 if not self._kv_spare:
-                    self._kv_spare = [self._empty_like(s, v) for s, v in zip(self.kv, self._kv_values)]
+                    self._kv_spare = [self._empty_like(s, v, self.kv_on_host) for s, v in zip(self.kv, self._kv_values)]
                 for s, src, dst in zip(self.kv, self._kv_values, self._kv_spare):
                     self._gather(s, src, index, dst)
                 self._kv_values, self._kv_spare = self._kv_spare, self._kv_values
                 self._bind()
 
-    def _empty_like(self, spec: TensorSpec, value: Any) -> Any:
+    def _empty_like(self, spec: TensorSpec, value: Any, host: bool = False) -> Any:
         import onnxruntime as ort
 
-        return ort.OrtValue.ortvalue_from_shape_and_type(value.shape(), NUMPY_DTYPES[spec.dtype], *self.device)
+        device = ("cpu", 0) if host else self.device
+        return ort.OrtValue.ortvalue_from_shape_and_type(value.shape(), NUMPY_DTYPES[spec.dtype], *device)
 
     def _gather(self, spec: TensorSpec, src: Any, index: np.ndarray, dst: Any) -> None:
         """dst[r] = src[index[r]] on the device, through a Gather session of src's dtype

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..default_model import is_default, model_dir
 from ..errors import GraphError, ProviderError
+from ..graphs.compat import for_onnxruntime_131, needs_query_seqlens
 from ..graphs.contract import TensorSpec, present_name
 from ..graphs.manifest import MANIFEST, Manifest, read_manifest, verify_files
 from .model import Model
@@ -132,8 +133,14 @@ def _session(
     elif selection.threads is not None:
         opts.intra_op_num_threads = selection.threads
     _SESSIONS_OPENED = True
+    source: str | bytes = str(graph)
+    if not needs_query_seqlens(ort.__version__):
+        rewritten = for_onnxruntime_131(graph)  # onnxruntime-gpu 1.31: graphs/compat.py
+        if rewritten is not None:
+            source = rewritten
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
     try:
-        return ort.InferenceSession(str(graph), opts, providers=selection.providers)
+        return ort.InferenceSession(source, opts, providers=selection.providers)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise GraphError(

@@ -30,7 +30,10 @@ ALIASES = {
     "dml": "DmlExecutionProvider",
 }
 HOW_TO_GET = {
-    CUDA: "pip install onnxruntime-gpu (in place of onnxruntime) on a machine with an NVIDIA driver and CUDA 12",
+    CUDA: (
+        "pip uninstall onnxruntime, then pip install onnxruntime-gpu (1.31.1 is built for CUDA 13) on a machine "
+        "with an NVIDIA driver, and import torch first or call onnxruntime.preload_dlls() (docs/gpu.md)"
+    ),
     "TensorrtExecutionProvider": "pip install onnxruntime-gpu and install TensorRT",
     "ACLExecutionProvider": "build onnxruntime from source with --use_acl (Arm Compute Library)",
     "XnnpackExecutionProvider": "build onnxruntime from source with --use_xnnpack (or use an onnxruntime mobile build)",
