@@ -43,13 +43,12 @@ def test_rewrite_drops_only_query_seqlens(jamba_onnx: Path) -> None:
     assert list(after.graph.initializer) == list(before.graph.initializer)  # weights stay external
 
 
-def test_plain_graphs_need_no_rewrite(tmp_path: Path, jamba_dir: Path) -> None:
-    out = tmp_path / "plain"
-    hybridrt.export_model(jamba_dir, out, fused_ops=False, validate=False)
-    assert for_onnxruntime_131(out / "model.onnx") is None
-
-
 def test_loader_rewrites_for_onnxruntime_131(jamba_onnx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On 1.31 (its refusal of the file simulated here), the loader opens the rewritten bytes,
+    marks the model, and prefill then runs prompts of several chunks a row at a time."""
+    from hybridrt.runtime.bound import BoundStepper
+    from hybridrt.runtime.decode import PREFILL_CHUNK
+
     prompts = np.random.default_rng(3).integers(3, 320, (3, 40)).tolist()
     greedy = {"max_new_tokens": 12, "do_sample": False}
     expected = hybridrt.load(jamba_onnx).generate(prompts, **greedy)
@@ -58,10 +57,33 @@ def test_loader_rewrites_for_onnxruntime_131(jamba_onnx: Path, monkeypatch: pyte
 
     def session(source: object, *args: object, **kwargs: object) -> object:
         opened.append(source)
+        if isinstance(source, str):  # as 1.31 answers the fused graph
+            raise RuntimeError("[ONNXRuntimeError] : 10 : INVALID_GRAPH : GroupQueryAttention")
         return real(source, *args, **kwargs)
 
     monkeypatch.setattr(ort, "__version__", "1.31.1")
     monkeypatch.setattr(ort, "InferenceSession", session)
     model = hybridrt.load(jamba_onnx)
-    assert isinstance(opened[0], bytes)  # the rewritten graph, not the file
-    assert model.generate(prompts, **greedy) == expected
+    assert isinstance(opened[0], str) and isinstance(opened[-1], bytes)  # the file, then the rewrite
+    assert not model.batched_chunks
+    assert model.generate(prompts, **greedy) == expected  # prompts of one chunk: one call
+    calls: list[tuple[int, ...]] = []
+    forward = BoundStepper.forward
+
+    def spy(self: BoundStepper, ids: np.ndarray, *args: object, **kwargs: object) -> np.ndarray:
+        calls.append(ids.shape)
+        return forward(self, ids, *args, **kwargs)
+
+    monkeypatch.setattr(BoundStepper, "forward", spy)
+    long = np.random.default_rng(4).integers(3, 320, (2, PREFILL_CHUNK + 20)).tolist()
+    assert len(model.generate(long, max_new_tokens=3, do_sample=False)) == 2
+    assert calls and all(b == 1 for b, n in calls if n > 1)  # chunks one row at a time
+    assert any(b == 2 for b, n in calls)  # the decode steps still batch the rows
+
+
+def test_plain_graphs_are_not_rewritten(tmp_path: Path, jamba_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "plain"
+    hybridrt.export_model(jamba_dir, out, fused_ops=False, validate=False)
+    assert for_onnxruntime_131(out / "model.onnx") is None  # no GroupQueryAttention to rewrite
+    monkeypatch.setattr(ort, "__version__", "1.31.1")
+    assert hybridrt.load(out).batched_chunks  # opened as it is, even without onnx

@@ -51,8 +51,19 @@ def test_weights_are_float16_and_the_contract_is_unchanged(pair: tuple[Path, Pat
             source = produced.get(name)
             if source is not None and source.op_type == "Cast":
                 assert next(a.i for a in source.attribute if a.name == "to") != TensorProto.FLOAT16, node.name
+                # ...but never a float32 tensor rounded through float16 and back
+                before = produced.get(source.input[0])
+                assert before is None or before.op_type != "Cast", (node.name, name)
             elif name in kinds:
                 assert kinds[name] != TensorProto.FLOAT16, (node.name, name)
+    # The states are read and written by their own float32 operators, as in the float graph:
+    # nothing rounds them through float16, and the same ones are written in place.
+    readers = {i: n.op_type for n in half.graph.node for i in n.input}
+    parent_readers = {i: n.op_type for n in parent.graph.node for i in n.input}
+    pasts = [i.name for i in half.graph.input if i.name.startswith("past.")]
+    assert pasts and all(readers[p] == parent_readers[p] != "Cast" for p in pasts)
+    assert all(produced[o.name].op_type != "Cast" for o in half.graph.output if o.name.startswith("present."))
+    assert read_manifest(out).in_place == read_manifest(src).in_place
     q = read_manifest(out).quantization
     assert q is not None and q["mode"] == "float16" and q["weight_bits"] == 16
     assert set(q["quantized_nodes"]) >= {n.name for n in half.graph.node if n.op_type == "MatMul"}

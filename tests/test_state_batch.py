@@ -230,8 +230,8 @@ def test_engine_keeps_states_off_the_host_between_steps(jamba_onnx: Path, monkey
 def test_float32_kv_stays_on_the_host_beside_states_on_the_device(
     jamba_onnx: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """onnxruntime's CUDA GroupQueryAttention has no float32 kernel, so a float32 KV cache is
-    attended on the CPU: with a CUDA device its buffers are host OrtValues (written in place by
+    """onnxruntime's CUDA GroupQueryAttention has no float32 kernel, so a fused graph's float32
+    KV cache is attended on the CPU: with a CUDA device its buffers are host OrtValues (written in place by
     the CPU kernel) while the conv and SSM states are device OrtValues. Here the device's
     OrtValues are made on the CPU (no GPU), with the device each was asked for recorded; on a
     GPU the same stepper gave greedy tokens equal to transformers for all 19 families
@@ -253,8 +253,22 @@ def test_float32_kv_stays_on_the_host_beside_states_on_the_device(
     fixed_shapes = {tuple(v.shape()) for group in stepper._fixed_values for v in group}
     assert {d for s, d in made if s in kv_shapes} == {"cpu"}
     assert {d for s, d in made if s in fixed_shapes} == {"cuda"}
+    # Standard-operator attention (--plain-ops) runs on the device: its KV stays there.
+    import copy
+
+    standard = copy.deepcopy(model.manifest)
+    standard.provenance["fused_ops"] = False
+    assert not BoundStepper(model.inference_session, standard, 1, 64, ("cuda", 0)).kv_on_host
     plain = model.stepper(1, 64)
     prompt = np.asarray([_prompt(9)], dtype=np.int64)
     assert np.allclose(plain.forward(prompt), stepper.forward(prompt), atol=1e-5)
     want, got = _steps(plain, [7], 5), _steps(stepper, [7], 5)
+    assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(want, got))
+    # Beam search's reorder: the device states through the Gather session, the host KV in place.
+    two, both = model.stepper(2, 64), BoundStepper(model.inference_session, model.manifest, 2, 64, ("cuda", 0))
+    rows = np.asarray([_prompt(9), _prompt(9, start=20)], dtype=np.int64)
+    assert np.allclose(two.forward(rows), both.forward(rows), atol=1e-5)
+    for s in (two, both):
+        s.reorder([1, 1])
+    want, got = _steps(two, [7, 8], 3), _steps(both, [7, 8], 3)
     assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(want, got))

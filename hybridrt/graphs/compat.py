@@ -6,13 +6,16 @@ row the same number of new tokens (the contract's [b, l] input_ids), and its `to
 already the longest row, so 1.31's kernel without the input computes the same attention for
 a prompt, a decode step, and a chunk after a past in a batch of one row (measured: a 300-token
 prompt in chunks of 128 and a two-row batch, greedy equal to 1.32 with the input). What 1.31's
-CPU kernel refuses is a chunk after a past for several rows at once ("batch_size must be 1 when
-sequence_length > 1 and past context is given"): there, prompts longer than one prefill chunk
-go one row at a time.
+CPU kernel refuses (and on CUDA a float32 graph's attention runs on that kernel) is a call of
+several tokens after a past for several rows at once ("batch_size must be 1 when
+sequence_length > 1 and past context is given"): the loader marks such a model
+(`Model.batched_chunks`), and prefill then runs prompts longer than one chunk a row at a
+time. Speculative decoding of several rows (drafts verified after a past) stays refused there.
 
-`for_onnxruntime_131` rewrites the graph's nodes (not its weights) with the onnx package, and
-the loader opens the session from the rewritten bytes with the weights read from the model's
-directory. The rewrite is not valid on 1.32, which reads the missing input differently.
+The loader first opens the file as it is; where 1.31 refuses it, `for_onnxruntime_131` rewrites
+the graph's nodes (not its weights) with the onnx package, and the loader opens the session from
+the rewritten bytes with the weights read from the model's directory. The rewrite is not valid
+on 1.32, which reads the missing input differently.
 """
 
 from __future__ import annotations

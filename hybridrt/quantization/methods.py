@@ -279,6 +279,7 @@ def float16(model: Any, keep: tuple[str, ...] = FLOAT32_OPS) -> tuple[Any, list[
             model, keep_io_types=True, op_block_list=list(keep), disable_shape_infer=True
         )
     _drop_repeated_casts(converted.graph)
+    _fold_round_trips(converted.graph)
     half = {t.name for t in converted.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16}
     nodes = [n.name for n in converted.graph.node if any(i in half for i in n.input)]
     return converted, nodes
@@ -299,3 +300,59 @@ def _drop_repeated_casts(graph: Any) -> None:
     if len(kept) < len(graph.node):
         del graph.node[:]
         graph.node.extend(kept)
+
+
+def _fold_round_trips(graph: Any) -> None:
+    """The converter passes a float32 tensor between two float32 operators (a state into the
+    scan, the scan's new state out to the graph, the residual sum between two norms) through
+    float16 and back: Cast(to=float) of Cast(to=float16) of X. Each such pair is folded, so the
+    float32 operators read X itself: states and the residual stream stay float32 exactly, and
+    a state's operator reads and writes the graph's own input and output (in place)."""
+    import onnx
+
+    float32, float16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    outputs = {o.name for o in graph.output}
+    inputs = {i.name for i in graph.input}
+
+    def to(node: Any) -> int | None:
+        return next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast" else None
+
+    producer = {o: n for n in graph.node for o in n.output}
+    dropped: set[int] = set()
+    renames: dict[str, str] = {}
+    for node in graph.node:
+        first = producer.get(node.input[0]) if to(node) == float32 else None
+        if first is None or to(first) != float16:
+            continue
+        x, y = first.input[0], node.output[0]
+        if y in outputs:
+            if x in inputs or x in outputs:
+                continue  # a graph input straight to an output: keep the copy
+            renames[x] = y  # X's producer writes the graph's output itself
+        else:
+            renames[y] = x
+        dropped.add(id(node))
+    if not renames:
+        return
+
+    def name(n: str) -> str:
+        while n in renames:
+            n = renames[n]
+        return n
+
+    kept = [n for n in graph.node if id(n) not in dropped]
+    for node in kept:
+        node.input[:] = [name(i) for i in node.input]
+        node.output[:] = [name(o) if o in renames and renames[o] in outputs else o for o in node.output]
+    for info in graph.value_info:
+        if info.name in renames and renames[info.name] in outputs:
+            info.name = renames[info.name]
+    used = {i for n in kept for i in n.input} | outputs
+    while True:  # casts nothing reads any more
+        dead = [n for n in kept if n.op_type == "Cast" and not set(n.output) & used]
+        if not dead:
+            break
+        kept = [n for n in kept if n not in dead]
+        used = {i for n in kept for i in n.input} | outputs
+    del graph.node[:]
+    graph.node.extend(kept)

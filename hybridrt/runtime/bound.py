@@ -63,11 +63,14 @@ class BoundStepper(Stepper):
         self.on_host = device[0] == "cpu"
         self.ring = ring
         self.kv = [s for s in self.pasts if s.is_kv]
-        # onnxruntime's CUDA GroupQueryAttention takes float16 and bfloat16 only: a float32 (or
-        # int8) KV cache is attended by its CPU kernel, so its buffers stay on the host, where
-        # the kernel writes them in place (on the device, onnxruntime would copy every buffer
-        # to the host and back at each step). The other states stay on the device.
-        self.kv_on_host = self.on_host or any(s.dtype not in DEVICE_KV_DTYPES for s in self.kv)
+        # onnxruntime's CUDA GroupQueryAttention (the fused graphs' attention) takes float16 and
+        # bfloat16 only: a float32 (or int8) KV cache is attended by its CPU kernel, so its
+        # buffers stay on the host, where the kernel writes them in place (measured on an H200:
+        # with device buffers every family with attention diverged after the first token, the
+        # kernel's writes not reaching the bound buffer). The other states stay on the device;
+        # standard-operator attention (--plain-ops) runs on the device with its KV.
+        gqa = bool(manifest.provenance.get("fused_ops", False))
+        self.kv_on_host = self.on_host or (gqa and any(s.dtype not in DEVICE_KV_DTYPES for s in self.kv))
         self.sets = max(ring, 2)  # a state that is not in place is read from one set, written to another
         self.fixed = [s for s in self.pasts if not s.is_kv]
         self.current = 0  # the fixed-state set the next call reads
@@ -253,11 +256,13 @@ class BoundStepper(Stepper):
         other._replace(self._arrays(), self.reserved)  # copies: this stepper's buffers stay its own
         # A later epoch: marks of this stepper name its sets, not the other's, and are refused there.
         other.lengths, other.calls, other.epoch = self.lengths.copy(), self.calls, self.epoch + 1
-        other.floor = self.floor
+        other.floor, other.batched_chunks = self.floor, self.batched_chunks
         return other
 
     def fresh(self, batch: int) -> Stepper:
-        return BoundStepper(self.session, self.manifest, batch, self.capacity, self.device, self.ring)
+        other = BoundStepper(self.session, self.manifest, batch, self.capacity, self.device, self.ring)
+        other.batched_chunks = self.batched_chunks
+        return other
 
     def set_row(self, row: int, states: list[np.ndarray], length: int) -> None:
         new = {s.name: _fit(x, s, self.capacity)[0] for s, x in zip(self.pasts, states)}
@@ -283,19 +288,21 @@ class BoundStepper(Stepper):
             for s, src, dst in zip(self.fixed, self._fixed_values[self.current], self._fixed_values[following]):
                 self._gather(s, src, index, dst)
             self.current = following
-            if self.kv:
+            if self.kv and self.kv_on_host:
+                for x in self._kv_host:
+                    x[...] = x[index]  # in place: the bound OrtValues alias these arrays
+            elif self.kv:
                 if not self._kv_spare:
-                    self._kv_spare = [self._empty_like(s, v, self.kv_on_host) for s, v in zip(self.kv, self._kv_values)]
+                    self._kv_spare = [self._empty_like(s, v) for s, v in zip(self.kv, self._kv_values)]
                 for s, src, dst in zip(self.kv, self._kv_values, self._kv_spare):
                     self._gather(s, src, index, dst)
                 self._kv_values, self._kv_spare = self._kv_spare, self._kv_values
                 self._bind()
 
-    def _empty_like(self, spec: TensorSpec, value: Any, host: bool = False) -> Any:
+    def _empty_like(self, spec: TensorSpec, value: Any) -> Any:
         import onnxruntime as ort
 
-        device = ("cpu", 0) if host else self.device
-        return ort.OrtValue.ortvalue_from_shape_and_type(value.shape(), NUMPY_DTYPES[spec.dtype], *device)
+        return ort.OrtValue.ortvalue_from_shape_and_type(value.shape(), NUMPY_DTYPES[spec.dtype], *self.device)
 
     def _gather(self, spec: TensorSpec, src: Any, index: np.ndarray, dst: Any) -> None:
         """dst[r] = src[index[r]] on the device, through a Gather session of src's dtype

@@ -80,10 +80,12 @@ def seen_tokens(history: Sequence[Sequence[int]], vocab: int) -> np.ndarray:
 
 def prefill(stepper: Stepper, prompts: Sequence[Sequence[int]]) -> np.ndarray:
     """Run the prompts (one per row) from the stepper's states; returns each row's
-    last-position logits [b, V]. Prompts of one length run as one call; otherwise each row
-    runs alone from fresh states and its states move into its row (no padding: every row
-    ends exactly as it would alone)."""
-    if len({len(p) for p in prompts}) == 1:
+    last-position logits [b, V]. Prompts of one length run as one call (unless they span
+    several chunks where a chunk after a past takes one row: Stepper.batched_chunks);
+    otherwise each row runs alone from fresh states and its states move into its row (no
+    padding: every row ends exactly as it would alone)."""
+    one_call = len(prompts) == 1 or stepper.batched_chunks or len(prompts[0]) <= PREFILL_CHUNK
+    if len({len(p) for p in prompts}) == 1 and one_call:
         return feed(stepper, np.asarray(prompts, dtype=np.int64))
     logits = np.empty((len(prompts), stepper.vocab), dtype=np.float32)
     for r, p in enumerate(prompts):

@@ -93,6 +93,8 @@ def load(
       (or a provider tuple's "threads") sets intra_op_num_threads, and after
       share_thread_pool() the session uses the process-wide pool whatever the options say.
       The loader quiets onnxruntime's log to errors only unless log_severity_level was set.
+      On onnxruntime 1.31 a fused graph is opened from rewritten bytes (graphs/compat.py), and
+      the object also gets the config entry that reads its weights from this directory.
     """
     import onnxruntime as ort
 
@@ -109,18 +111,21 @@ def load(
     selection = select_providers(
         provider, ort.get_available_providers(), allow_fallback=allow_fallback, threads=threads
     )
-    session = _session(ort, graph, selection, session_options)
+    session, rewritten = _session(ort, graph, selection, session_options)
     _check_providers(session, selection, strict=not (auto or allow_fallback))
     check_graph(session, manifest, directory)
     name = session.get_providers()[0]
     device = device_of(name, session.get_provider_options().get(name, {}))
     bind = True if io_binding is None else io_binding
-    return Model(directory, manifest, session, load_tokenizer(directory), device, io_binding=bind)
+    model = Model(directory, manifest, session, load_tokenizer(directory), device, io_binding=bind)
+    model.batched_chunks = not rewritten  # 1.31's kernel: a chunk after a past takes one row
+    return model
 
 
 def _session(
     ort: Any, graph: Path, selection: ProviderSelection, options: onnxruntime.SessionOptions | None = None
-) -> Any:
+) -> tuple[Any, bool]:
+    """The session, and whether it runs the graph rewritten for onnxruntime 1.31 (compat.py)."""
     global _SESSIONS_OPENED
     opts = ort.SessionOptions() if options is None else options
     if not isinstance(opts, ort.SessionOptions):
@@ -133,21 +138,24 @@ def _session(
     elif selection.threads is not None:
         opts.intra_op_num_threads = selection.threads
     _SESSIONS_OPENED = True
-    source: str | bytes = str(graph)
-    if not needs_query_seqlens(ort.__version__):
-        rewritten = for_onnxruntime_131(graph)  # onnxruntime-gpu 1.31: graphs/compat.py
-        if rewritten is not None:
-            source = rewritten
-            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
     try:
-        return ort.InferenceSession(source, opts, providers=selection.providers)
+        return ort.InferenceSession(str(graph), opts, providers=selection.providers), False
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise GraphError(
-            f"ONNX Runtime cannot load {graph}: {first}; the file is corrupt (re-export the model) "
-            f"or needs a newer onnxruntime than {ort.__version__} (fused graphs need 1.32 or later; "
-            "`hybridrt export --plain-ops` writes standard operators only)"
-        ) from None
+        error = e
+    # onnxruntime 1.31 (onnxruntime-gpu's newest) refuses the fused graphs' GroupQueryAttention
+    # input query_seqlens: open a copy without it (graphs/compat.py), the weights read from here.
+    rewritten = None if needs_query_seqlens(ort.__version__) else for_onnxruntime_131(graph)
+    if rewritten is not None:
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
+        try:
+            return ort.InferenceSession(rewritten, opts, providers=selection.providers), True
+        except Exception as e:
+            error = e
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    raise GraphError(
+        f"ONNX Runtime cannot load {graph}: {first}; the file is corrupt (re-export the model) "
+        f"or needs a newer onnxruntime than {ort.__version__}"
+    ) from None
 
 
 def _check_providers(session: Any, selection: ProviderSelection, strict: bool) -> None:

@@ -82,6 +82,8 @@ class Model:
         self.tokenizer = tokenizer
         self.device = device
         self.io_binding = io_binding
+        # False on onnxruntime 1.31 (graphs/compat.py): a chunk after a past takes one row.
+        self.batched_chunks = True
         special = manifest.special_tokens
         eos = special.get("eos_token_id")
         self.eos_token_ids: tuple[int, ...] = () if eos is None else tuple(np.atleast_1d(eos).astype(int).tolist())
@@ -197,8 +199,11 @@ class Model:
         fixed-size states it keeps, so that it can rewind ring - 1 calls; with 1 (no rewinds)
         the states that can be are read and written in place (runtime.bound)."""
         if self.io_binding:
-            return BoundStepper(self.inference_session, self.manifest, batch, capacity, self.device, ring)
-        return PlainStepper(self.inference_session, self.manifest, batch, capacity)
+            stepper: Stepper = BoundStepper(self.inference_session, self.manifest, batch, capacity, self.device, ring)
+        else:
+            stepper = PlainStepper(self.inference_session, self.manifest, batch, capacity)
+        stepper.batched_chunks = self.batched_chunks
+        return stepper
 
     def _speculative(
         self, draft: Model, row: list[int], cfg: GenerationConfig, stats: dec.GenerationStats

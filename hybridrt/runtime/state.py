@@ -63,6 +63,9 @@ class Stepper:
     row has seen (rows may differ: each is written and read at its own positions)."""
 
     ring: int | None = None  # how many calls back a checkpoint stays valid (None: any)
+    # Whether a call of several tokens after a past may hold several rows: not on onnxruntime
+    # 1.31's GroupQueryAttention (graphs/compat.py), where prefill runs such rows one at a time.
+    batched_chunks: bool = True
 
     def __init__(self, session: Any, manifest: Manifest, batch: int, capacity: int) -> None:
         self.session = session
@@ -260,7 +263,9 @@ class PlainStepper(Stepper):
         self._states = [np.ascontiguousarray(x) for x in states]
 
     def fresh(self, batch: int) -> Stepper:
-        return PlainStepper(self.session, self.manifest, batch, self.capacity)
+        other = PlainStepper(self.session, self.manifest, batch, self.capacity)
+        other.batched_chunks = self.batched_chunks
+        return other
 
     def set_row(self, row: int, states: list[np.ndarray], length: int) -> None:
         self._states = [x.copy() for x in self._states]  # marks keep the old arrays
