@@ -308,6 +308,11 @@ def bench(
         row[label] = child(kind, path, arg, left)
         print(name, label, json.dumps(row[label]), flush=True)
         save(out, results)
+    left = budget - elapsed()
+    if "serve" in labels and left > 60:
+        row["serve"] = serve(f32, provider, out / f"serve-{name}", min(left - 30, 240))
+        print(name, "serve", json.dumps(row["serve"])[:400], flush=True)
+        save(out, results)
     bandwidth = results.get("environment", {}).get("copy_bandwidth_gb_s")
     for label in ("f16", "f32"):
         tok_s = row.get(f"hybridrt_{label}", {}).get("decode_tok_s")
@@ -315,6 +320,36 @@ def bench(
             row[f"roofline_tok_s_{label}"] = bandwidth * 1e9 / row[f"weights_bytes_{label}"]
             row[f"roofline_share_{label}"] = tok_s / row[f"roofline_tok_s_{label}"]
     save(out, results)
+
+
+def word_tokenizer(vocab: int, directory: Path) -> None:
+    """A word-level tokenizer of `vocab` tokens ("t0", "t1", ...): the server answers in text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.save(str(directory / "tokenizer.json"))
+
+
+def serve(directory: Path, provider: str, out: Path, seconds: float) -> dict[str, Any]:
+    """`hybridrt serve --provider PROVIDER` under 1, 16 and 64 streaming clients
+    (scripts/load_test.py: 128-token prompts, 64 tokens each, a third of `seconds` a level)."""
+    if not (directory / "tokenizer.json").exists():  # random bench checkpoints come without one
+        word_tokenizer(json.loads((directory / "hybridrt.json").read_text())["vocab_size"], directory)
+    cmd = [sys.executable, str(ROOT / "scripts" / "load_test.py"), str(directory), "--levels", "1,16,64"]
+    cmd += ["--seconds", f"{max(seconds / 3 - 10, 10):.0f}", "--prompt-tokens", "128", "--max-tokens", "64"]
+    cmd += ["--slots", "64", "--provider", provider, "--out", str(out)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {seconds + 120:.0f} s"}
+    report = out / "report.json"
+    if done.returncode or not report.exists():
+        return {"error": f"exit {done.returncode}: {done.stderr[-800:]}"}
+    levels = json.loads(report.read_text())["levels"]
+    keep = ("clients", "tokens_per_s", "requests_per_s", "ttft_ms", "inter_token_ms", "errors")
+    return {"levels": [{k: r.get(k) for k in keep} for r in levels]}
 
 
 def main() -> None:
@@ -335,7 +370,7 @@ def main() -> None:
         "--runs",
         nargs="*",
         default=["hybridrt_f16", "torch_bf16", "hybridrt_f32", "torch_f32", "torch_f16"],
-        help="speed measurements, in order",
+        help="speed measurements, in order (also: serve, the server under 1/16/64 clients)",
     )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -143,6 +143,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
         "--log-level",
         "warning",
     ] + (["--threads", str(args.threads)] if args.threads else [])
+    cmd += ["--provider", args.provider] if args.provider else []
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
@@ -188,6 +189,7 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, help="prompts of this many token ids instead of short texts")
     p.add_argument("--slots", type=int, default=64)
     p.add_argument("--threads", type=int)
+    p.add_argument("--provider", help="the server's --provider (default: its own, auto)")
     p.add_argument("--out", type=Path, default=Path("build/load-test"))
     args = p.parse_args()
     levels = [int(x) for x in args.levels.split(",")] if args.levels else sorted({1, 4, 16, args.clients})

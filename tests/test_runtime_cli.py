@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,15 @@ def test_do_sample_flag(jamba_onnx: Path, capsys: pytest.CaptureFixture[str]) ->
     assert sampled == hybridrt.load(jamba_onnx).generate("def", max_new_tokens=8, do_sample=True, seed=3) + "\n"
     assert main([*args, "--no-do-sample"]) == 0
     assert capsys.readouterr().out == hybridrt.load(jamba_onnx).generate("def", max_new_tokens=8) + "\n"
+
+
+def test_serve_refuses_a_model_without_a_tokenizer(
+    jamba_onnx: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The server answers in text: without tokenizer.json it says so at start, rather than
+    failing each streamed request inside the application."""
+    bare = tmp_path / "bare"
+    shutil.copytree(jamba_onnx, bare, ignore=shutil.ignore_patterns("tokenizer*"))
+    assert main(["serve", str(bare), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "has no tokenizer.json, and the server answers in text" in err and err.count("\n") == 1

@@ -68,3 +68,32 @@ def test_load_reports_the_providers_it_runs_on(jamba_onnx: Path, caplog: pytest.
     with caplog.at_level(logging.WARNING, logger="hybridrt.runtime"):
         assert hybridrt.load(jamba_onnx, "cuda", allow_fallback=True).providers == [CPU]
     assert "falling back to CPU" in caplog.text
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider' is not in available")
+def test_cuda_loads_its_libraries_before_the_session(jamba_onnx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With CUDA requested, onnxruntime-gpu's preload_dlls() runs before the session opens (it
+    finds the CUDA libraries of pip's nvidia packages in a process without torch), and a failing
+    preload does not stop the load: the session's own error says what is missing. Here the CUDA
+    provider is declared available but cannot start, which the loader reports."""
+    calls: list[str] = []
+
+    def preload() -> None:
+        calls.append("preload")
+        raise OSError("libcudart.so.13: cannot open shared object file")
+
+    real = ort.InferenceSession
+
+    def session(*args: object, **kwargs: object) -> object:
+        calls.append("session")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "preload_dlls", preload, raising=False)
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, CPU])
+    with pytest.raises(hybridrt.ProviderError, match="could not start"):
+        hybridrt.load(jamba_onnx, "cuda")
+    assert calls[:2] == ["preload", "session"]
+    calls.clear()
+    hybridrt.load(jamba_onnx, "cpu")
+    assert calls == ["session"]  # not for the CPU

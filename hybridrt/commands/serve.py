@@ -46,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..default_model import DEFAULT_NAME
+    from ..errors import GraphError
     from ..runtime import load, share_thread_pool
+    from ..runtime.text import TOKENIZER
     from ..serve.server import build, serve
     from .common import model_dir
 
@@ -56,6 +58,12 @@ def run(args: argparse.Namespace) -> int:
     engine = EngineConfig(args.slots, args.chunk, args.max_queue, int(args.cache_mb * 2**20))
     config = ServeConfig(name, args.api_key, args.max_body_kb * 1024, args.timeout)
     draft = None if args.assistant is None else model_dir(args.assistant, isolated=True)
+    for d in (directory, draft):
+        if d is not None and not (d / TOKENIZER).is_file():  # the API speaks text
+            raise GraphError(
+                f"{d} has no {TOKENIZER}, and the server answers in text: copy the checkpoint's "
+                f"{TOKENIZER} into it (or re-export from a checkpoint that has one)"
+            )
     if draft is not None:  # two sessions taking turns: one thread pool for both
         share_thread_pool(args.threads or os.cpu_count() or 1, strict=False)
     _, app = build(

@@ -13,7 +13,7 @@ from ..graphs.compat import for_onnxruntime_131, needs_query_seqlens
 from ..graphs.contract import TensorSpec, present_name
 from ..graphs.manifest import MANIFEST, Manifest, read_manifest, verify_files
 from .model import Model
-from .providers import CPU, ProviderRequest, ProviderSelection, device_of, select_providers
+from .providers import CPU, CUDA, ProviderRequest, ProviderSelection, device_of, select_providers
 from .text import load_tokenizer
 from .validate import as_path
 
@@ -111,6 +111,8 @@ def load(
     selection = select_providers(
         provider, ort.get_available_providers(), allow_fallback=allow_fallback, threads=threads
     )
+    if CUDA in selection.names:
+        _preload_cuda(ort)
     session, rewritten = _session(ort, graph, selection, session_options)
     _check_providers(session, selection, strict=not (auto or allow_fallback))
     check_graph(session, manifest, directory)
@@ -120,6 +122,21 @@ def load(
     model = Model(directory, manifest, session, load_tokenizer(directory), device, io_binding=bind)
     model.batched_chunks = not rewritten  # 1.31's kernel: a chunk after a past takes one row
     return model
+
+
+def _preload_cuda(ort: Any) -> None:
+    """onnxruntime-gpu finds the CUDA and cuDNN libraries that pip's nvidia packages (and
+    PyTorch's CUDA wheels) install only once they are loaded: importing torch does it, and so
+    does onnxruntime.preload_dlls() (onnxruntime-gpu 1.21+), called here so that a process
+    without torch (`hybridrt serve --provider cuda`) finds them too. Where the libraries are
+    elsewhere (a system CUDA on the library path) it finds nothing to do."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return
+    try:
+        preload()
+    except Exception as e:  # the session's own error says what is missing, if anything is
+        log.debug("onnxruntime.preload_dlls() failed: %s", e)
 
 
 def _session(
