@@ -27,6 +27,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+from bench_peers import _prompt  # noqa: E402  (the bench's prompts: seeded random ids)
+
 START = time.perf_counter()
 SHORT, LONG, NEW = 128, 2048, 64
 BATCHES = (16, 64)
@@ -185,10 +187,6 @@ def transformers_greedy(checkpoint: Path, ids: np.ndarray, ref: Any, provider: s
         }
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-
-
-def _prompt(vocab: int, n: int, rows: int = 1, seed: int = 0) -> list[list[int]]:
-    return np.random.default_rng(seed).integers(3, vocab, (rows, n)).tolist()
 
 
 def measure_hybridrt(directory: str, provider: str) -> dict[str, Any]:
