@@ -89,10 +89,11 @@ def _one_node(node: onnx.NodeProto, inits: list[onnx.TensorProto], d: int, e: in
 
 
 @pytest.mark.parametrize(
-    ("mode", "bits", "symmetric"), [("int4", 4, False), ("int4", 4, True), ("int8-dynamic", 8, False)]
+    ("mode", "bits", "symmetric", "algo"),
+    [("int4", 4, False, "rtn"), ("int4", 4, True, "rtn"), ("int4", 4, True, None), ("int8-dynamic", 8, False, None)],
 )
 def test_quantized_experts_are_qmoe_blocks_that_dequantize_exactly(
-    checkpoint: Path, tmp_path: Path, mode: str, bits: int, symmetric: bool
+    checkpoint: Path, tmp_path: Path, mode: str, bits: int, symmetric: bool, algo: str | None
 ) -> None:
     """Straight from the checkpoint: every MoE becomes QMoE, no float expert is left, and the
     QMoE node computes what a float MoE node over its dequantized experts computes (at
@@ -100,7 +101,10 @@ def test_quantized_experts_are_qmoe_blocks_that_dequantize_exactly(
     would be off by the size of the weights. 8-bit experts run with int8 activations at every
     accuracy level, so they are held to the activations' rounding (2% of the output's scale)."""
     out = tmp_path / "q"
-    options = {"symmetric": True} if symmetric else {}
+    # int4's default: searched scales in symmetric blocks (quantization.search)
+    options: dict[str, object] = {"symmetric": True} if symmetric and algo else {}
+    if algo:
+        options["algo"] = algo
     hybridrt.export_model(checkpoint, out, quantize=mode, quantize_options=options)
     graph = onnx.load(str(out / "model.onnx")).graph
     qmoe = [n for n in graph.node if n.op_type == "QMoE"]

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from checkpoints import TEXT
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 import hybridrt
 from hybridrt.cli import main
@@ -34,6 +34,7 @@ def _greedy(directory: Path) -> list[int]:
 MODES = [
     ("int8-static", None, "QuantizeLinear"),
     ("int8-dynamic", None, "MatMulInteger"),
+    ("int4", "mse", "MatMulNBits"),
     ("int4", "rtn", "MatMulNBits"),
     ("int4", "hqq", "MatMulNBits"),
     ("int4", "gptq", "MatMulNBits"),
@@ -109,21 +110,31 @@ def test_embedding_and_lm_head_are_stored_block_wise(quantized: tuple[Path, str,
 
 
 def test_symmetric_blocks_have_no_zero_points(jamba_onnx: Path, text_file: Path, tmp_path: Path) -> None:
-    """--symmetric stores each 4-bit block as a scale alone (llama.cpp q4_0's and
-    onnxruntime-genai's layout, for which the MatMulNBits kernels skip the zero points),
-    records it, and stays close to float; the default keeps a zero point per block."""
+    """int4's default (mse: searched scales) and --symmetric store each 4-bit block as a scale
+    alone (llama.cpp q4_0's and onnxruntime-genai's layout, for which the MatMulNBits kernels skip
+    the zero points), record it, and stay close to float; --algo rtn keeps a zero point per block."""
     runs = {}
-    for symmetric in (False, True):
-        out = tmp_path / f"q{int(symmetric)}"
-        manifest = quantize(jamba_onnx, out, "int4", symmetric=symmetric, eval_text=text_file, **SMALL)
-        assert manifest.quantization is not None and manifest.quantization["symmetric"] is symmetric
+    cases = (("rtn", {"algo": "rtn"}, False), ("rtn", {"algo": "rtn", "symmetric": True}, True), ("mse", {}, True))
+    for algo, options, symmetric in cases:
+        out = tmp_path / f"{algo}{int(symmetric)}"
+        manifest = quantize(jamba_onnx, out, "int4", eval_text=text_file, **options, **SMALL)  # type: ignore[arg-type]
+        q = manifest.quantization
+        assert q is not None and q["symmetric"] is symmetric and q["algo"] == algo
         graph = onnx.load(str(out / "model.onnx"))
         layers = [n for n in graph.graph.node if n.op_type == "MatMulNBits" and "lm_head" not in n.name]
-        runs[symmetric] = ({len(n.input) for n in layers}, manifest.quantization["report"])
+        runs[out.name] = ({len(n.input) for n in layers}, q["report"], _weights(graph, layers))
         assert len(_greedy(out)) == 12
-    assert runs[False][0] == {4} and runs[True][0] == {3}  # A, B, scales (and zero points)
-    report = runs[True][1]
-    assert abs(report["ppl_ratio"] - 1) < 0.01 and report["mean_kl"] < 1e-3
+    # A, B, scales (and zero points); the searched blocks share the layout, not the numbers
+    assert runs["rtn0"][0] == {4} and runs["rtn1"][0] == runs["mse1"][0] == {3}
+    assert runs["mse1"][2].keys() == runs["rtn1"][2].keys() and runs["mse1"][2] != runs["rtn1"][2]
+    for name in ("rtn1", "mse1"):
+        report = runs[name][1]
+        assert abs(report["ppl_ratio"] - 1) < 0.01 and report["mean_kl"] < 1e-3
+
+
+def _weights(graph: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> dict[str, bytes]:
+    inits = {t.name: t for t in graph.graph.initializer}
+    return {i: numpy_helper.to_array(inits[i]).tobytes() for n in nodes for i in n.input[1:] if i in inits}
 
 
 def _ops_on_weights(model: onnx.ModelProto) -> set[str]:
@@ -251,6 +262,7 @@ def test_errors_write_nothing(jamba_onnx: Path, text_file: Path, tmp_path: Path)
         ({"mode": "int3"}, "unknown mode"),
         ({"mode": "int8-weight", "algo": "hqq", "calibration": [text_file]}, "unknown algorithm"),
         ({"mode": "int4", "algo": "awq", "calibration": [text_file]}, "unknown algorithm"),
+        ({"mode": "int8-weight", "algo": "mse", "eval_text": text_file}, "unknown algorithm"),
         ({"mode": "int8-dynamic"}, "needs held-out text"),
         ({"mode": "int8-dynamic", "symmetric": True, "eval_text": text_file}, "weight-only modes"),
         ({"mode": "int4", "algo": "hqq", "symmetric": True, "eval_text": text_file}, "float zero points"),
@@ -342,7 +354,7 @@ def test_bench_compares_float_and_quantized(
     args = ["bench", str(jamba_onnx), str(out), "--prompt-tokens", "9", "--new-tokens", "5", "--repeats", "2"]
     assert main([*args, "--batch", "2", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["quantization"] for r in rows] == ["float", "int4 rtn"]
+    assert [r["quantization"] for r in rows] == ["float", "int4 mse"]
     assert rows[0]["greedy_same_as_first"] and rows[1]["graph_bytes"] < rows[0]["graph_bytes"]
     assert all(r["prefill_ms"] > 0 and r["decode_tokens_per_s"] > 0 for r in rows)
     assert main(args) == 0

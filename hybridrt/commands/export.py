@@ -56,7 +56,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=DEFAULTS.block_size,
         help=f"weights per scale (int4, int8-weight); {BLOCK_SIZE_NOTE}",
     )
-    q.add_argument("--symmetric", action="store_true", help="blocks with a scale and no zero point")
+    q.add_argument(
+        "--algo",
+        choices=("rtn", "mse", "hqq"),
+        help="int4 weights: mse (default) searches each symmetric block's scale for the least squared error; rtn "
+        "rounds to nearest, with zero points unless --symmetric (the only choice for int8-weight); hqq has float "
+        "zero points (no int8 kernel: slow on the CPU)",
+    )
+    q.add_argument("--symmetric", action="store_true", help="rtn blocks with a scale and no zero point")
     q.add_argument("--accuracy-level", type=int, default=DEFAULTS.accuracy_level, help="MatMulNBits compute level")
     q.add_argument("--vocab-bits", type=int, default=DEFAULTS.vocab_bits, choices=(4, 8), help="embedding/LM head bits")
     q.add_argument("--exclude", action="append", default=[], metavar="PATTERN", help="keep matching nodes float")
@@ -100,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _options(args: argparse.Namespace) -> dict[str, object]:
     return {
+        "algo": args.algo,
         "block_size": args.block_size,
         "symmetric": args.symmetric,
         "accuracy_level": args.accuracy_level,

@@ -43,8 +43,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     algos = ", ".join(f"{m}: {'|'.join(a)}" for m, a in ALGOS.items())
     p.add_argument(
         "--algo",
-        help=f"weight-only algorithm ({algos}; default rtn). hqq's float zero points have no int8 kernel in "
-        "onnxruntime's CPU MatMulNBits: closer to float, several times slower there",
+        help=f"weight-only algorithm ({algos}; default mse for int4, rtn for int8-weight). mse searches each "
+        "4-bit block's scale for the least squared error, in symmetric blocks (closer to float than rtn's zero "
+        "points, and the faster symmetric kernel); rtn rounds to nearest, with zero points unless --symmetric. "
+        "hqq's float zero points have no int8 kernel in onnxruntime's CPU MatMulNBits: closer to float, several "
+        "times slower there",
     )
     p.add_argument(
         "--block-size",
@@ -61,7 +64,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--symmetric",
         action="store_true",
-        help="weight-only blocks with a scale and no zero point (as llama.cpp's q4_0; faster 4-bit kernels)",
+        help="rtn/gptq blocks with a scale and no zero point (as llama.cpp's q4_0; faster 4-bit kernels); "
+        "int4's default mse blocks are symmetric already",
     )
     p.add_argument(
         "--vocab-bits",

@@ -239,7 +239,9 @@ def _run(
     if experts:  # onnxruntime's quantizers take 2-D weights only: the experts go to QMoE
         bits = 4 if cfg.mode == "int4" else 8
         block = cfg.block_size if cfg.mode in WEIGHT_BITS else INT8_BLOCK
-        quantize_moe(model.graph, sorted(experts), bits, block, cfg.symmetric, cfg.accuracy_level)
+        quantize_moe(
+            model.graph, sorted(experts), bits, block, cfg.symmetric, cfg.accuracy_level, cfg.resolved_algo == "mse"
+        )
         selection = dataclasses.replace(selection, quantize=[n for n in selection.quantize if n not in experts])
         if not selection.quantize:
             return model

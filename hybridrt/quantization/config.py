@@ -18,8 +18,9 @@ MODES = {
     "none": "weights unchanged (with --kv-dtype int8: only the KV cache is quantized)",
 }
 # Weight-only algorithms per mode. HQQ's float zero points have no 8-bit CPU kernel
-# (MatMulNBits rejects them), so int8-weight offers RTN and GPTQ only.
-ALGOS = {"int4": ("rtn", "hqq", "gptq"), "int8-weight": ("rtn", "gptq")}
+# (MatMulNBits rejects them), so int8-weight offers RTN and GPTQ only; mse searches the scale
+# of symmetric 4-bit blocks (quantization.search).
+ALGOS = {"int4": ("rtn", "mse", "hqq", "gptq"), "int8-weight": ("rtn", "gptq")}
 CALIB_METHODS = ("minmax", "entropy", "percentile")
 WEIGHT_BITS = {"int8-static": 8, "int8-dynamic": 8, "int4": 4, "int8-weight": 8, "float16": 16, "none": 32}
 # --kv-dtype: the attention layers' KV buffers (quantization.kv_cache)
@@ -33,7 +34,7 @@ INT8_BLOCK = 128
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """One quantization run. `algo` applies to the weight-only modes (default rtn);
+    """One quantization run. `algo` applies to the weight-only modes (int4: mse, int8-weight: rtn);
     `calib_method` to int8-static. Calibration text is cut into `samples` windows of
     `seq_len` tokens; each window gives a prompt feed, a continuation chunk and
     `decode_steps` one-token feeds (see calibration.py)."""
@@ -60,7 +61,8 @@ class QuantConfig:
     # integer CPU kernels); 0 dequantizes weights to float (slower, slightly more exact).
     accuracy_level: int = 4
     # Weight-only blocks without zero points (scale only, values -8..7 at 4 bits), as
-    # llama.cpp's q4_0 and onnxruntime-genai store them; False keeps a zero point per block.
+    # llama.cpp's q4_0 and onnxruntime-genai store them; False keeps a zero point per block
+    # (rtn, gptq). The int4 default, mse, is always symmetric.
     symmetric: bool = False
     # Bits of the embedding table and LM head (vocab.quantize_vocab). 8 in every mode: on the default
     # model a 4-bit LM head tripled the mean KL of int4 (9.6e-3 vs 3.1e-3) for 8% of its size.
@@ -70,6 +72,10 @@ class QuantConfig:
     kv_dtype: str = "float32"
     max_ppl_ratio: float | None = None
     min_greedy_agreement: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.resolved_algo == "mse":  # its blocks are symmetric: the search picks a scale, no zero point
+            object.__setattr__(self, "symmetric", True)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> QuantConfig:
@@ -94,7 +100,11 @@ class QuantConfig:
 
     @property
     def resolved_algo(self) -> str | None:
-        return (self.algo or "rtn") if self.weight_only else None
+        """int4 searches its blocks' scales by default (closer to float than rtn's zero points at
+        q4_0's speed or better, docs/quantization.md); int8-weight rounds to nearest."""
+        if not self.weight_only:
+            return None
+        return self.algo or ("mse" if self.mode == "int4" else "rtn")
 
     @property
     def needs_calibration(self) -> bool:

@@ -151,15 +151,30 @@ def weight_only(
             algo = "rtn"  # 8 bits: GPTQ left fake-quantized float weights; store them as MatMulNBits
         from onnxruntime.quantization import matmul_nbits_quantizer as mnb
 
-        if algo == "rtn":
+        if algo in ("rtn", "mse"):
+            symmetric = symmetric or algo == "mse"
             config: Any = mnb.DefaultWeightOnlyQuantConfig(block_size=block_size, bits=bits, is_symmetric=symmetric)
         else:
             config = mnb.HQQWeightOnlyQuantConfig(block_size=block_size, bits=bits)
         quantizer = mnb.MatMulNBitsQuantizer(
             model, bits=bits, block_size=block_size, nodes_to_exclude=_others(model, nodes), algo_config=config
         )
+        if algo == "mse":
+            quantizer.node_quantizer.qbits_block_quant = _searched_scales(block_size, bits)
         quantizer.process()
         return quantizer.model.model
+
+
+def _searched_scales(block_size: int, bits: int) -> Any:
+    """qbits_block_quant for onnxruntime's node quantizer (which writes the MatMulNBits node):
+    the blocks' numbers from quantization.search, in the same symmetric layout."""
+    from .search import search_blocks
+
+    def quantize(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        packed, scales = search_blocks(np.asarray(weight, np.float32), block_size, bits)
+        return packed, scales.astype(weight.dtype), np.zeros(0, np.uint8)
+
+    return quantize
 
 
 def _gptq(

@@ -46,7 +46,9 @@ def expert_block(graph: Any, name: str, requested: int) -> int | None:
     return None
 
 
-def quantize_moe(graph: Any, names: list[str], bits: int, block: int, symmetric: bool, accuracy_level: int) -> int:
+def quantize_moe(
+    graph: Any, names: list[str], bits: int, block: int, symmetric: bool, accuracy_level: int, search: bool = False
+) -> int:
     """Replace the MoE nodes in `names` by QMoE with `bits`-bit experts in blocks of `block`
     (or the largest smaller one that divides the experts' sizes: expert_block) along each
     expert's input dimension; in place. Returns how many."""
@@ -66,7 +68,7 @@ def quantize_moe(graph: Any, names: list[str], bits: int, block: int, symmetric:
         packed: dict[str, list[str]] = {"weights": [], "scales": [], "zero_points": []}
         for fc, name in zip(("fc1", "fc2"), weights[node.name]):
             w = numpy_helper.to_array(inits[name])  # [E, N, K]
-            arrays = _quantize_experts(w, bits, size, symmetric)
+            arrays = _quantize_experts(w, bits, size, symmetric, search)
             for kind, array in zip(("weights", "scales", "zero_points"), arrays):
                 if array is not None:
                     tensors.append(numpy_helper.from_array(array, f"{node.name}/{fc}_{kind}"))
@@ -101,10 +103,17 @@ def quantize_moe(graph: Any, names: list[str], bits: int, block: int, symmetric:
 
 
 def _quantize_experts(
-    w: np.ndarray, bits: int, block: int, symmetric: bool
+    w: np.ndarray, bits: int, block: int, symmetric: bool, search: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """w [E, N, K] -> packed [E, N, K * bits / 8] uint8, scales [E, N, K / block] float32,
-    zero points [E, N, ceil(K / block * bits / 8)] uint8 (None when symmetric)."""
+    zero points [E, N, ceil(K / block * bits / 8)] uint8 (None when symmetric). `search`:
+    symmetric blocks with searched scales (quantization.search)."""
+    if search:
+        from .search import search_blocks
+
+        n = w.shape[1]
+        pairs = [search_blocks(np.ascontiguousarray(expert.T, dtype=np.float32), block, bits) for expert in w]
+        return np.stack([q.reshape(n, -1) for q, _ in pairs]), np.stack([s for _, s in pairs]), None
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
         DefaultWeightOnlyQuantizer,
