@@ -74,7 +74,9 @@ class QuantConfig:
     min_greedy_agreement: float | None = None
 
     def __post_init__(self) -> None:
-        if self.resolved_algo == "mse":  # its blocks are symmetric: the search picks a scale, no zero point
+        # mse's blocks are symmetric: the search picks a scale, no zero point. (A mode or algo of
+        # the wrong type is left for validate() to name.)
+        if isinstance(self.mode, str) and isinstance(self.algo, str | None) and self.resolved_algo == "mse":
             object.__setattr__(self, "symmetric", True)
 
     @classmethod
