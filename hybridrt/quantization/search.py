@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-# Candidate scales: m / -(8 + t); t = 0 is round-to-nearest's scale. Tenths instead of quarters
-# gave the same squared error to three figures, at 2.3 times the time.
+# Candidate scales: m / -(8 + t); t = 0 is round-to-nearest's scale. Tenths (21 candidates
+# instead of 9) gave the same squared error to three figures; each candidate is a pass over the
+# weights (granite-h-350m's int4 export: 58 s with 21, 43 s with 9).
 STEPS = np.arange(-4, 5, dtype=np.float32) / 4
 # Blocks searched at once: a few MB of float32 per pass, so the passes stay in cache.
 CHUNK = 1 << 14
