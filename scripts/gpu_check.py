@@ -32,13 +32,22 @@ from bench_peers import _prompt  # noqa: E402  (the bench's prompts: seeded rand
 START = time.perf_counter()
 SHORT, LONG, NEW = 128, 2048, 64
 BATCHES = (16, 64)
-VARIANTS = ("fused", "fused16")  # fused operators, float32 and float16
+# fused operators: float32; float16 with float32 attention; float16 with float16 attention and KV
+VARIANTS = ("fused", "fused16", "fused16kv")
 
 
-def ort_provider(name: str) -> Any:
+def ort_provider(name: str, graph: bool = False) -> Any:
     """The provider request: CUDA with TF32 off (float32 products in float32, as PyTorch's
-    reference here), or the name as given."""
-    return ("cuda", {"use_tf32": "0"}) if name == "cuda" else name
+    reference here), and with `graph` decode steps captured as CUDA graphs; or the name as given."""
+    if name != "cuda":
+        return name
+    return ("cuda", {"use_tf32": "0", "enable_cuda_graph": "1" if graph else "0"})
+
+
+def load_model(directory: Any, provider: str, graph: bool = False, **kw: Any) -> Any:
+    import hybridrt
+
+    return hybridrt.load(directory, ort_provider(provider, graph), cuda_graph=graph, **kw)
 
 
 def import_onnxruntime() -> Any:
@@ -120,7 +129,15 @@ def placement(directory: Path, provider: str, ids: np.ndarray) -> dict[str, Any]
     return {"nodes": counts, "ops_off_gpu": off}
 
 
-def families(work: Path, provider: str, results: dict[str, Any], out: Path, budget: float, variants: list[str]) -> None:
+def families(
+    work: Path,
+    provider: str,
+    results: dict[str, Any],
+    out: Path,
+    budget: float,
+    variants: list[str],
+    with_transformers: bool = True,
+) -> None:
     import_onnxruntime()
     import hybridrt
 
@@ -151,10 +168,17 @@ def families(work: Path, provider: str, results: dict[str, Any], out: Path, budg
                     "states_on_host": getattr(stepper, "on_host", None),
                     "kv_on_host": getattr(stepper, "kv_on_host", None),
                 }
-                if variant == "fused":
+                if variant in ("fused", "fused16kv"):
                     row[variant]["placement"] = placement(directory, provider, ids)
+                if variant == "fused16kv" or (variant == "fused" and not any(s.is_kv for s in model.manifest.pasts)):
+                    row[variant]["graph"] = captured(directory, provider, ids, new, greedy)
             except Exception as exc:  # a family that fails is reported, the run goes on
                 row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        if not with_transformers:
+            table[family] = row
+            print(family, json.dumps(row)[:400], flush=True)
+            save(out, results)
+            continue
         row["transformers_gpu"] = transformers_greedy(work / "families" / family / "hf", ids, ref, provider)
         ort_greedy = row.get("fused", {})
         row["transformers_gpu"]["equal_to_onnx_cuda"] = ort_greedy.get("greedy_equal") and row["transformers_gpu"].get(
@@ -163,6 +187,45 @@ def families(work: Path, provider: str, results: dict[str, Any], out: Path, budg
         table[family] = row
         print(family, json.dumps(row)[:300], flush=True)
         save(out, results)
+
+
+def captured(directory: Path, provider: str, ids: np.ndarray, new: int, greedy: list[int]) -> dict[str, Any]:
+    """The same graph with its decode steps captured as CUDA graphs: greedy tokens against the
+    uncaptured session's, the logits of a few steps, beams and a speculative round on it."""
+    try:
+        model = load_model(directory, provider, graph=True)
+        kw = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False}
+        tokens = model.generate(ids.tolist(), **kw)[0]
+        plain = load_model(directory, provider)
+        beams = model.generate(ids.tolist(), num_beams=3, **kw)[0] == plain.generate(ids.tolist(), num_beams=3, **kw)[0]
+        spec = model.generate(ids.tolist(), assistant_model=model, **kw)[0] == tokens
+        return {
+            "greedy_equal_uncaptured": tokens == greedy,
+            "beams_equal_uncaptured": beams,
+            "speculative_equal_greedy": spec,
+            "graphs": getattr(model.inference_session, "_hybridrt_graphs", 0),
+        }
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+
+
+def device_paths(work: Path, provider: str, families: list[str]) -> dict[str, Any]:
+    """Beam search and speculative decoding with states on the device (float32 graph), against
+    the same graph on the CPU provider."""
+    out: dict[str, Any] = {}
+    for family in families:
+        try:
+            directory = work / "families" / family / "fused"
+            ids = np.load(work / "families" / family / "ref.npz")["ids"].tolist()
+            gpu, cpu = load_model(directory, provider), load_model(directory, "cpu")
+            kw = {"max_new_tokens": 12, "min_new_tokens": 12, "do_sample": False}
+            out[family] = {
+                "beams_equal_cpu": gpu.generate(ids, num_beams=3, **kw) == cpu.generate(ids, num_beams=3, **kw),
+                "speculative_equal_cpu_greedy": gpu.generate(ids, assistant_model=gpu, **kw) == cpu.generate(ids, **kw),
+            }
+        except Exception as exc:
+            out[family] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+    return out
 
 
 def transformers_greedy(checkpoint: Path, ids: np.ndarray, ref: Any, provider: str) -> dict[str, Any]:
@@ -190,12 +253,13 @@ def transformers_greedy(checkpoint: Path, ids: np.ndarray, ref: Any, provider: s
 
 
 def measure_hybridrt(directory: str, provider: str) -> dict[str, Any]:
-    """Child process: prefill and decode on one exported directory."""
+    """Child process: prefill and decode on one exported directory (provider "cuda+graph":
+    decode steps captured as CUDA graphs)."""
     import_onnxruntime()
-    import hybridrt
 
     t0 = time.perf_counter()
-    model = hybridrt.load(directory, ort_provider(provider))
+    graph = provider.endswith("+graph")
+    model = load_model(directory, provider.removesuffix("+graph"), graph=graph)
     out: dict[str, Any] = {"load_s": time.perf_counter() - t0}
     vocab = model.manifest.vocab_size
     greedy = {"do_sample": False, "max_new_tokens": NEW, "min_new_tokens": NEW}
@@ -263,7 +327,14 @@ def child(kind: str, path: str, arg: str, timeout: float) -> dict[str, Any]:
 
 
 def bench(
-    config: Path, work: Path, provider: str, results: dict[str, Any], out: Path, budget: float, labels: list[str]
+    config: Path,
+    work: Path,
+    provider: str,
+    results: dict[str, Any],
+    out: Path,
+    budget: float,
+    labels: list[str],
+    serve_seconds: float = 240,
 ) -> None:
     from bench_peers import onnx_weight_bytes
 
@@ -273,7 +344,7 @@ def bench(
     name = config.stem
     row: dict[str, Any] = results.setdefault("bench", {}).setdefault(name, {})
     base = work / "bench" / name
-    ckpt, f32, f16 = base / "hf", base / "f32", base / "f16"
+    ckpt, f32, f16, f16kv = base / "hf", base / "f32", base / "f16", base / "f16kv"
     t0 = time.perf_counter()
     if not (ckpt / "config.json").exists():
         script = ROOT / "scripts" / "make_bench_checkpoint.py"
@@ -287,18 +358,25 @@ def bench(
     if "hybridrt_f16" in labels and not (f16 / "hybridrt.json").exists():
         quantize(f32, f16, "float16")
     row["float16_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if any(label.startswith("hybridrt_f16kv") for label in labels) and not (f16kv / "hybridrt.json").exists():
+        quantize(f32, f16kv, "float16", kv_dtype="float16")
+    row["float16kv_s"] = time.perf_counter() - t0
     save(out, results)
-    for label, directory in (("f16", f16), ("f32", f32)):
+    for label, directory in (("f16", f16), ("f32", f32), ("f16kv", f16kv)):
         if (directory / "model.onnx").exists():
             row[f"weights_bytes_{label}"] = onnx_weight_bytes(str(directory / "model.onnx"))
     runs = [
+        ("hybridrt_f16kv_graph", "hybridrt", str(f16kv), provider + "+graph"),
+        ("hybridrt_f16kv", "hybridrt", str(f16kv), provider),
         ("hybridrt_f16", "hybridrt", str(f16), provider),
         ("torch_bf16", "torch", str(ckpt), "bfloat16"),
         ("hybridrt_f32", "hybridrt", str(f32), provider),
         ("torch_f32", "torch", str(ckpt), "float32"),
         ("torch_f16", "torch", str(ckpt), "float16"),
     ]
-    for label, kind, path, arg in [r for r in runs if r[0] in labels]:
+    order = {label: k for k, label in enumerate(labels)}  # in the order asked
+    for label, kind, path, arg in sorted([r for r in runs if r[0] in labels], key=lambda r: order[r[0]]):
         left = budget - elapsed()
         if left < 20:
             row[label] = {"skipped": "budget"}
@@ -308,14 +386,17 @@ def bench(
         save(out, results)
     left = budget - elapsed()
     if "serve" in labels and left > 60:
-        row["serve"] = serve(f32, provider, out / f"serve-{name}", min(left - 30, 240))
+        served = f16kv if (f16kv / "hybridrt.json").exists() else f32
+        row["serve"] = serve(served, provider, out / f"serve-{name}", min(left - 30, serve_seconds))
+        row["serve"]["graph"] = served.name
         print(name, "serve", json.dumps(row["serve"])[:400], flush=True)
         save(out, results)
     bandwidth = results.get("environment", {}).get("copy_bandwidth_gb_s")
-    for label in ("f16", "f32"):
+    for label in ("f16", "f32", "f16kv", "f16kv_graph"):
         tok_s = row.get(f"hybridrt_{label}", {}).get("decode_tok_s")
-        if bandwidth and tok_s:
-            row[f"roofline_tok_s_{label}"] = bandwidth * 1e9 / row[f"weights_bytes_{label}"]
+        weights = row.get(f"weights_bytes_{label.removesuffix('_graph')}")
+        if bandwidth and tok_s and weights:
+            row[f"roofline_tok_s_{label}"] = bandwidth * 1e9 / weights
             row[f"roofline_share_{label}"] = tok_s / row[f"roofline_tok_s_{label}"]
     save(out, results)
 
@@ -364,11 +445,16 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=420.0, help="seconds")
     ap.add_argument("--skip-families", action="store_true")
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), help="family graphs to run")
+    ap.add_argument("--no-transformers", action="store_true", help="skip transformers' greedy on the GPU")
+    ap.add_argument("--device-paths", nargs="*", default=[], help="families whose beams and speculative run GPU vs CPU")
+    ap.add_argument("--bench-work", type=Path, help="where the bench checkpoints and graphs are (default --work)")
+    ap.add_argument("--serve-seconds", type=float, default=240.0)
     ap.add_argument(
         "--runs",
         nargs="*",
         default=["hybridrt_f16", "torch_bf16", "hybridrt_f32", "torch_f32", "torch_f16"],
-        help="speed measurements, in order (also: serve, the server under 1/16/64 clients)",
+        help="speed measurements, in order (also hybridrt_f16kv, hybridrt_f16kv_graph, and serve: "
+        "the server under 1/16/64 clients)",
     )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -377,10 +463,23 @@ def main() -> None:
     print(json.dumps(results["environment"]), flush=True)
     save(args.out, results)
     if not args.skip_families:
-        families(args.work, args.provider, results, args.out, args.budget, args.variants)
+        families(args.work, args.provider, results, args.out, args.budget, args.variants, not args.no_transformers)
+    if args.device_paths:
+        results["device_paths"] = device_paths(args.work, args.provider, args.device_paths)
+        print("device paths", json.dumps(results["device_paths"]), flush=True)
+        save(args.out, results)
     for config in args.configs:
         try:
-            bench(config, args.work, args.provider, results, args.out, args.budget, args.runs)
+            bench(
+                config,
+                args.bench_work or args.work,
+                args.provider,
+                results,
+                args.out,
+                args.budget,
+                args.runs,
+                args.serve_seconds,
+            )
         except Exception as exc:
             results.setdefault("bench", {}).setdefault(config.stem, {})["error"] = f"{type(exc).__name__}: {exc}"[:800]
             save(args.out, results)

@@ -1,7 +1,8 @@
 """Prepare what scripts/gpu_check.py runs on a CUDA machine, on this (CPU) machine: for every
 family of the test suite (tests/family_checkpoints.BUILDERS), its tiny checkpoint, the ONNX
 export with onnxruntime's fused operators (float32; onnxruntime-gpu 1.31 runs it through
-graphs/compat.py) and its float16 conversion (`quantize --mode float16`), and the reference
+graphs/compat.py), its float16 conversions (`quantize --mode float16`: attention float32,
+fused16; with `--kv-dtype float16`, attention and its KV buffers float16, fused16kv), and the reference
 from transformers on the CPU in float32 (the logits of a prompt, 16 greedy tokens after it).
 
 python scripts/gpu_prepare.py -o gpuwork [--families jamba llama ...]
@@ -25,8 +26,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 PROMPT = 24
 NEW = 16
-# (directory, its float16 conversion or None, fused operators)
-VARIANTS = (("fused", "fused16", True),)
+# (directory, its float16 conversions: name -> KV dtype, fused operators)
+VARIANTS = (("fused", {"fused16": "float32", "fused16kv": "float16"}, True),)
 
 
 def prompt_ids(seed: int = 0) -> np.ndarray:
@@ -45,12 +46,14 @@ def prepare(name: str, out: Path, text: Path) -> None:
     if not (ckpt / "config.json").exists():
         BUILDERS[name](ckpt)
     small = {"agreement_prompts": 2, "eval_tokens": 128, "eval_window": 128}
-    for f32, f16, fused in VARIANTS:
+    for f32, halves, fused in VARIANTS:
         if not (out / f32 / "hybridrt.json").exists():
             hybridrt.export_model(ckpt, out / f32, fused_ops=fused, validate=False)
-        if f16 and not (out / f16 / "hybridrt.json").exists():
+        for f16, kv in halves.items():
+            if (out / f16 / "hybridrt.json").exists():
+                continue
             try:
-                quantize(out / f32, out / f16, "float16", eval_text=text, **small)
+                quantize(out / f32, out / f16, "float16", kv_dtype=kv, eval_text=text, **small)
             except Exception as exc:  # reported, and the family's other graphs still go
                 (out / f"{f16}.error").write_text(f"{type(exc).__name__}: {exc}")
                 print(f"{name}: {f16} failed: {exc}", flush=True)

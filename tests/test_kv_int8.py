@@ -137,6 +137,8 @@ def test_int8_cache_needs_calibration_text(llama_onnx: Path, text_file: Path, tm
     with pytest.raises(QuantizationError, match="quantizes nothing"):
         quantize(llama_onnx, tmp_path / "b", "none", calibration=[text_file], **SMALL)
     with pytest.raises(QuantizationError, match="unknown KV dtype"):
+        quantize(llama_onnx, tmp_path / "c", "int4", calibration=[text_file], kv_dtype="bfloat16", **SMALL)
+    with pytest.raises(QuantizationError, match="goes with --mode float16"):
         quantize(llama_onnx, tmp_path / "c", "int4", calibration=[text_file], kv_dtype="float16", **SMALL)
     assert not any((tmp_path / d).exists() for d in "abc")
 

@@ -79,7 +79,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=DEFAULTS.kv_dtype,
         choices=KV_DTYPES,
         help="attention KV buffers: int8 stores them with per-channel scales calibrated on --calibration text "
-        "(a quarter of float32's memory); float32 keeps the export's",
+        "(a quarter of float32's memory); float16 (with --mode float16) runs attention in float16 with float16 "
+        "buffers, which onnxruntime's CUDA kernel attends on the GPU; float32 keeps the export's",
     )
     p.add_argument("--calib-method", default=DEFAULTS.calib_method, choices=CALIB_METHODS, help="int8-static ranges")
     p.add_argument("--calibration", nargs="+", type=Path, default=[], metavar="PATH", help="text or JSONL files")

@@ -16,6 +16,15 @@ The loader first opens the file as it is; where 1.31 refuses it, `for_onnxruntim
 the graph's nodes (not its weights) with the onnx package, and the loader opens the session from
 the rewritten bytes with the weights read from the model's directory. The rewrite is not valid
 on 1.32, which reads the missing input differently.
+
+CUDA graph capture (`for_graph_capture`): onnxruntime records a decode step once and replays it,
+which needs every node on the GPU without a copy between devices. GroupQueryAttention reads its
+`total_sequence_length` on the host, and the graphs compute it on the device from past_lengths
+(the longest row), so onnxruntime would copy it across each step; the rewrite makes it a graph
+input, `total_sequence_length` (int32 scalar on the host), and drops the nodes that computed it.
+A replay reads the value captured with it, so the runtime feeds the KV buffers' capacity in
+captured steps (the kernels read each row's own length from seqlens_k, on the device) and the
+longest row in other calls (runtime.bound).
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from typing import Any
 from ..errors import GraphError
 
 QUERY_SEQLENS = 16  # GroupQueryAttention's input index of query_seqlens (1.32)
+TOTAL = 6  # GroupQueryAttention's input index of total_sequence_length
+TOTAL_LENGTH = "total_sequence_length"  # the graph input for_graph_capture adds
 
 
 def needs_query_seqlens(version: str) -> bool:
@@ -37,15 +48,40 @@ def needs_query_seqlens(version: str) -> bool:
 def for_onnxruntime_131(graph: Path) -> bytes | None:
     """The graph's bytes without GroupQueryAttention's query_seqlens, or None when it has none
     to drop (its weights stay in the external data file beside it)."""
+    model = _load(graph, "uses GroupQueryAttention's query_seqlens input, which onnxruntime 1.31 lacks")
+    return model.SerializeToString() if _drop_query_seqlens(model) else None
+
+
+def for_graph_capture(graph: Path, query_seqlens: bool = True) -> tuple[bytes, bool]:
+    """The graph's bytes with GroupQueryAttention's total_sequence_length as a graph input (see
+    the module docstring), without query_seqlens unless `query_seqlens`; and whether the graph
+    has attention (False: the bytes are the graph's nodes unchanged)."""
+    import onnx
+
+    model = _load(graph, "is rewritten for CUDA graph capture")
+    if not query_seqlens:
+        _drop_query_seqlens(model)
+    nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    for node in nodes:
+        node.input[TOTAL] = TOTAL_LENGTH
+    if nodes:
+        model.graph.input.append(onnx.helper.make_tensor_value_info(TOTAL_LENGTH, onnx.TensorProto.INT32, []))
+        _prune(model.graph)
+    return model.SerializeToString(), bool(nodes)
+
+
+def _load(graph: Path, why: str) -> Any:
     try:
         import onnx
     except ImportError:
         raise GraphError(
-            f"{graph} uses GroupQueryAttention's query_seqlens input, which onnxruntime 1.31 lacks; "
-            "install the onnx package (pip install onnx) so that hybridrt can rewrite the graph for it, "
-            "upgrade onnxruntime to 1.32, or export with --plain-ops"
+            f"{graph} {why}; install the onnx package (pip install onnx) so that hybridrt can rewrite the "
+            "graph, upgrade onnxruntime to 1.32, or export with --plain-ops"
         ) from None
-    model = onnx.load(str(graph), load_external_data=False)
+    return onnx.load(str(graph), load_external_data=False)
+
+
+def _drop_query_seqlens(model: Any) -> bool:
     changed = False
     for node in _nodes(model.graph):
         if node.op_type == "GroupQueryAttention" and len(node.input) > QUERY_SEQLENS:
@@ -53,7 +89,19 @@ def for_onnxruntime_131(graph: Path) -> bytes | None:
             while node.input and not node.input[-1]:
                 del node.input[-1]
             changed = True
-    return model.SerializeToString() if changed else None
+    return changed
+
+
+def _prune(graph: Any) -> None:
+    """Drop the nodes whose outputs nothing reads (repeatedly: what fed only them goes too)."""
+    outputs = {o.name for o in graph.output}
+    while True:
+        read = outputs | {i for n in _nodes(graph) for i in n.input}
+        kept = [n for n in graph.node if any(o in read for o in n.output)]
+        if len(kept) == len(graph.node):
+            return
+        del graph.node[:]
+        graph.node.extend(kept)
 
 
 def _nodes(graph: Any) -> Any:

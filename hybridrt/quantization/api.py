@@ -20,6 +20,7 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import QuantizationError
+from ..graphs.contract import TensorSpec
 from ..graphs.files import atomic_directory, copy_tokenizer, save_onnx
 from ..graphs.in_place import in_place_states
 from ..graphs.manifest import Manifest, read_manifest
@@ -86,7 +87,8 @@ def quantize(
         quantized, vocab = model, None
         if cfg.mode == "float16":
             say("converting the graph to float16")
-            quantized, converted = methods.float16(model)
+            half_kv = [s.name for s in parent_manifest.pasts if s.is_kv] if cfg.kv_dtype == "float16" else []
+            quantized, converted = methods.float16(model, half_kv=half_kv)
             selection = dataclasses.replace(selection, quantize=converted)
         elif cfg.quantizes_weights:
             say(f"quantizing {len(selection.quantize)} nodes ({label})")
@@ -95,6 +97,9 @@ def quantize(
         evaluation = {"source": str(eval_text or "held-out calibration text"), "chars": len(held_out)}
         manifest = _manifest(parent_manifest, src, cfg, selection, reader, evaluation)
         manifest.quantization = (manifest.quantization or {}) | {"vocab": vocab}
+        if cfg.kv_dtype == "float16":
+            manifest.inputs = [_as_dtype(s, "float16") if s.is_kv else s for s in manifest.inputs]
+            manifest.outputs = [_as_dtype(s, "float16") if s.is_kv else s for s in manifest.outputs]
         if cfg.kv_dtype == "int8":
             scales = kv_cache.scales(manifest, kv_peak, quantized.graph)
             nodes = kv_cache.quantize_kv(quantized.graph, manifest, scales)
@@ -121,6 +126,10 @@ def quantize(
         manifest.write(tmp)
     say(f"wrote {out}")
     return manifest
+
+
+def _as_dtype(spec: TensorSpec, dtype: str) -> TensorSpec:
+    return TensorSpec(spec.name, spec.dims, dtype, spec.kind, spec.layer)
 
 
 def _check_paths(src: Path, out: Path, force: bool) -> Manifest:

@@ -14,7 +14,8 @@ MODES = {
     "int8-dynamic": "8-bit weights (per channel), activations quantized per call (DynamicQuantizeMatMul)",
     "int4": "4-bit block-wise weights (MatMulNBits), float activations",
     "int8-weight": "8-bit block-wise weights (MatMulNBits), float activations",
-    "float16": "float16 weights and matrix products, for GPUs; states, attention, the scan and norms stay float32",
+    "float16": "float16 weights and matrix products, for GPUs; states, the scan and norms stay float32 "
+    "(attention too, unless --kv-dtype float16)",
     "none": "weights unchanged (with --kv-dtype int8: only the KV cache is quantized)",
 }
 # Weight-only algorithms per mode. HQQ's float zero points have no 8-bit CPU kernel
@@ -24,7 +25,7 @@ ALGOS = {"int4": ("rtn", "mse", "hqq", "gptq"), "int8-weight": ("rtn", "gptq")}
 CALIB_METHODS = ("minmax", "entropy", "percentile")
 WEIGHT_BITS = {"int8-static": 8, "int8-dynamic": 8, "int4": 4, "int8-weight": 8, "float16": 16, "none": 32}
 # --kv-dtype: the attention layers' KV buffers (quantization.kv_cache)
-KV_DTYPES = ("float32", "int8")
+KV_DTYPES = ("float32", "int8", "float16")
 # The operators every mode quantizes (the linear layers), besides the vocabulary matrices.
 QUANTIZED_OP_TYPES = ("MatMul",)
 # Weights per scale of 8-bit block-wise weights that no --block-size governs (the vocabulary
@@ -68,7 +69,8 @@ class QuantConfig:
     # model a 4-bit LM head tripled the mean KL of int4 (9.6e-3 vs 3.1e-3) for 8% of its size.
     vocab_bits: int = 8
     # KV buffers of the attention layers: "int8" stores them with calibrated per-channel scales
-    # (quantization.kv_cache), a quarter of float32's bytes.
+    # (quantization.kv_cache), a quarter of float32's bytes; "float16" (with mode float16) runs
+    # attention in float16 with float16 buffers, which onnxruntime's CUDA kernel attends on the GPU.
     kv_dtype: str = "float32"
     max_ppl_ratio: float | None = None
     min_greedy_agreement: float | None = None
@@ -128,9 +130,13 @@ class QuantConfig:
             raise QuantizationError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.kv_dtype not in KV_DTYPES:
             raise QuantizationError(f"unknown KV dtype {self.kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
-        if self.mode == "float16" and self.kv_dtype != "float32":
+        if self.mode == "float16" and self.kv_dtype == "int8":
             raise QuantizationError(
                 "--kv-dtype int8 does not combine with float16; quantize the float model with one of them"
+            )
+        if self.kv_dtype == "float16" and self.mode != "float16":
+            raise QuantizationError(
+                "--kv-dtype float16 (attention in float16, for onnxruntime's CUDA kernel) goes with --mode float16"
             )
         if self.mode == "none" and self.kv_dtype == "float32":
             raise QuantizationError("mode none quantizes nothing: add --kv-dtype int8, or choose a weight mode")

@@ -43,13 +43,14 @@ import contextlib
 import io
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import QuantizationError
+from ..graphs.contract import present_name
 from .config import QUANTIZED_OP_TYPES
 
 if TYPE_CHECKING:  # calibration imports onnxruntime.quantization, which this module loads on first use
@@ -246,9 +247,13 @@ FLOAT32_OPS = (
 )
 
 
-def float16(model: Any, keep: tuple[str, ...] = FLOAT32_OPS) -> tuple[Any, list[str]]:
+def float16(model: Any, keep: tuple[str, ...] = FLOAT32_OPS, half_kv: Sequence[str] = ()) -> tuple[Any, list[str]]:
     """The graph with float16 weights and products (onnxruntime.transformers.float16), and the
     names of the nodes whose weights are now float16.
+
+    `half_kv` (the KV buffers' past names) runs attention in float16 too: GroupQueryAttention
+    reads float16 q, k, v and keeps its past/present buffers in float16, graph inputs and
+    outputs included (what onnxruntime's CUDA kernel, float16 and bfloat16 only, takes).
 
     The converter places its casts from the types ONNX shape inference gives each tensor; that
     inference runs on the graph without its weights (a model over 2 GB cannot be inferred in
@@ -289,15 +294,54 @@ def float16(model: Any, keep: tuple[str, ...] = FLOAT32_OPS) -> tuple[Any, list[
         raise QuantizationError(f"float16: ONNX shape inference failed on the graph ({exc}); re-export it") from None
     known = {v.name for v in graph.value_info}
     graph.value_info.extend(v for v in inferred.graph.value_info if v.name not in known)
+    if half_kv:
+        keep = tuple(op for op in keep if op != "GroupQueryAttention")
     with quiet():
         converted = convert_float_to_float16(
             model, keep_io_types=True, op_block_list=list(keep), disable_shape_infer=True
         )
+    if half_kv:
+        _half_io(converted.graph, {*half_kv, *(present_name(n) for n in half_kv)})
     _drop_repeated_casts(converted.graph)
     _fold_round_trips(converted.graph)
     half = {t.name for t in converted.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16}
     nodes = [n.name for n in converted.graph.node if any(i in half for i in n.input)]
     return converted, nodes
+
+
+def _half_io(graph: Any, names: set[str]) -> None:
+    """Graph inputs and outputs `names` become float16: the converter kept them float32 with a
+    cast beside each (keep_io_types), which is dropped, so that the operator reads and writes
+    the graph's own buffer (GroupQueryAttention's KV, in place)."""
+    import onnx
+
+    float16 = onnx.TensorProto.FLOAT16
+    found = {v.name for v in (*graph.input, *graph.output)} & names
+    if found != names:
+        raise QuantizationError(f"float16 KV: the graph lacks {', '.join(sorted(names - found))}; re-export it")
+    renames: dict[str, str] = {}
+    dropped: set[int] = set()  # node indices (protobuf's wrappers are not kept alive for id())
+    for k, node in enumerate(graph.node):
+        if node.op_type != "Cast":
+            continue
+        if node.input[0] in names:  # past (float32 input) -> float16: read the input itself
+            renames[node.output[0]] = node.input[0]
+            dropped.add(k)
+        elif node.output[0] in names:  # float16 -> present (float32 output): write the output
+            renames[node.input[0]] = node.output[0]
+            dropped.add(k)
+    kept = [n for k, n in enumerate(graph.node) if k not in dropped]
+    for node in kept:
+        node.input[:] = [renames.get(i, i) for i in node.input]
+        node.output[:] = [renames.get(o, o) for o in node.output]
+    del graph.node[:]
+    graph.node.extend(kept)
+    for info in (*graph.input, *graph.output):
+        if info.name in names:
+            info.type.tensor_type.elem_type = float16
+    for info in list(graph.value_info):
+        if info.name in renames:
+            graph.value_info.remove(info)
 
 
 def _drop_repeated_casts(graph: Any) -> None:

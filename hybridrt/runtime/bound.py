@@ -24,6 +24,12 @@ through the host.
 
 Rewinding copies nothing: the states of any of the last R-1 calls are still in the ring, and
 a rewind only picks which prebound binding runs next.
+
+With `capture` (the loader's cuda_graph) a decode step also reads its ids and lengths from
+fixed device buffers, updated in place, and writes its logits to a fixed device buffer; each
+binding's step is one CUDA graph (onnxruntime's `gpu_graph_id`), captured on its first use and
+replayed after, for as long as its buffers stay the same (a new batch or capacity takes new
+ones). Prompts and other calls run uncaptured (gpu_graph_id -1).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import GenerationError
+from ..graphs.compat import TOTAL_LENGTH
 from ..graphs.contract import TensorSpec, present_name
 from ..graphs.feeds import NUMPY_DTYPES, state_shape
 from ..graphs.files import IR_VERSION
@@ -41,6 +48,9 @@ from .state import Stepper, _fit
 
 # KV dtypes that onnxruntime's CUDA GroupQueryAttention reads on the device (see BoundStepper).
 DEVICE_KV_DTYPES = ("float16", "bfloat16")
+# Captured graphs a session keeps at most: each holds its own activations on the device, and
+# onnxruntime frees none until the session closes; past this, steps run uncaptured.
+MAX_GRAPHS = 64
 
 
 class BoundStepper(Stepper):
@@ -54,9 +64,13 @@ class BoundStepper(Stepper):
         capacity: int,
         device: tuple[str, int],
         ring: int = 1,
+        capture: bool = False,
+        total_input: bool = False,
     ) -> None:
         super().__init__(session, manifest, batch, capacity)
         self.ring: int
+        self.capture = capture
+        self.total_input = total_input  # the graph reads total_sequence_length (compat.for_graph_capture)
         if ring < 1:
             raise ValueError(f"ring must be at least 1 (1: no rewinds, states in place), got {ring}")
         self.device = device
@@ -134,6 +148,16 @@ class BoundStepper(Stepper):
         self._kv_spare: list[Any] = []  # a second KV set for reorder off the host, made on first use
         self.step_logits = np.empty((b, 1, self.vocab), dtype=np.float32)
         self._step_value = ort.OrtValue.ortvalue_from_numpy(self.step_logits)
+        # Captured steps: inputs and logits in fixed device buffers (made on the first step),
+        # one graph id per binding and KV set (see _graph_id).
+        self._step_inputs: dict[str, Any] = {}
+        self._step_arrays: dict[str, np.ndarray] = {}
+        self._step_out = (
+            ort.OrtValue.ortvalue_from_shape_and_type((b, 1, self.vocab), np.float32, *self.device)
+            if self.capture and not self.on_host
+            else self._step_value
+        )
+        self._graph_ids: dict[tuple[int, int], int] = {}
         self._bind()
 
     def _bind(self) -> None:
@@ -159,19 +183,63 @@ class BoundStepper(Stepper):
     def forward(self, ids: np.ndarray, all_logits: bool = False, last: int = 1) -> np.ndarray:
         feeds = self._feeds(ids, all_logits, last)
         binding = self.bindings[self.current]
+        step = ids.shape[1] == 1 and not all_logits
+        if step and self.capture:
+            return self._captured_step(binding, feeds)
+        if self.total_input:  # the longest row after this call, as the graph computed it before the rewrite
+            feeds[TOTAL_LENGTH] = np.array(int(self.lengths.max()), dtype=np.int32)
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
-        step = ids.shape[1] == 1 and not all_logits
         if step:
             binding.bind_ortvalue_output("logits", self._step_value)
         else:
             binding.bind_output("logits", "cpu")  # prefill: [b, n, V] on the host, once
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, _run_options(-1) if self.capture else None)
         self.current = (self.current + 1) % self.sets
         if step:
             return self.step_logits[:, -1]
         logits = binding.get_outputs()[0].numpy()
         return logits if all_logits or last > 1 else logits[:, -1]
+
+    def _captured_step(self, binding: Any, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        """One decode step from fixed buffers: the ids and lengths are copied into them, the
+        graph of this binding and KV set runs (captured on first use, then replayed), and the
+        logits are copied out. total_sequence_length is the KV capacity: a replay reads the
+        value it was captured with, and the attention reads each row's length on the device."""
+        import onnxruntime as ort
+
+        if self.total_input:
+            feeds[TOTAL_LENGTH] = np.array(self.capacity, dtype=np.int32)
+        for name, value in feeds.items():
+            value = np.ascontiguousarray(value)
+            held = self._step_inputs.get(name)
+            if held is None:  # the total stays on the host: GroupQueryAttention reads it there
+                device = ("cpu", 0) if name == TOTAL_LENGTH or self.on_host else self.device
+                kept = self._step_arrays[name] = value.copy()  # a host OrtValue aliases it
+                held = self._step_inputs[name] = ort.OrtValue.ortvalue_from_numpy(kept, *device)
+            else:
+                held.update_inplace(value)
+            binding.bind_ortvalue_input(name, held)
+        binding.bind_ortvalue_output("logits", self._step_out)
+        self.session.run_with_iobinding(binding, _run_options(self._graph_id()))
+        self.current = (self.current + 1) % self.sets
+        if self._step_out is self._step_value:
+            return self.step_logits[:, -1]
+        return np.asarray(self._step_out.numpy())[:, -1]
+
+    def _graph_id(self) -> int:
+        """The graph of the current binding with the current KV buffers (beam search swaps
+        between two sets): its id, new ones taken from the session's count (every stepper of
+        a session has its own buffers, so its own graphs); -1 (uncaptured) past MAX_GRAPHS."""
+        key = (self.current, id(self._kv_values[0]) if self._kv_values else 0)
+        found = self._graph_ids.get(key)
+        if found is None:
+            taken = getattr(self.session, "_hybridrt_graphs", 0)
+            found = taken + 1 if taken < MAX_GRAPHS else -1
+            if found > 0:
+                self.session._hybridrt_graphs = found
+            self._graph_ids[key] = found
+        return found
 
     def _mark(self) -> Any:
         return self.current
@@ -252,7 +320,16 @@ class BoundStepper(Stepper):
     def rewinding(self, calls: int) -> Stepper:
         if calls < self.ring:
             return self
-        other = BoundStepper(self.session, self.manifest, self.batch, self.capacity, self.device, calls + 1)
+        other = BoundStepper(
+            self.session,
+            self.manifest,
+            self.batch,
+            self.capacity,
+            self.device,
+            calls + 1,
+            self.capture,
+            self.total_input,
+        )
         other._replace(self._arrays(), self.reserved)  # copies: this stepper's buffers stay its own
         # A later epoch: marks of this stepper name its sets, not the other's, and are refused there.
         other.lengths, other.calls, other.epoch = self.lengths.copy(), self.calls, self.epoch + 1
@@ -260,7 +337,9 @@ class BoundStepper(Stepper):
         return other
 
     def fresh(self, batch: int) -> Stepper:
-        other = BoundStepper(self.session, self.manifest, batch, self.capacity, self.device, self.ring)
+        other = BoundStepper(
+            self.session, self.manifest, batch, self.capacity, self.device, self.ring, self.capture, self.total_input
+        )
         other.batched_chunks = self.batched_chunks
         return other
 
@@ -312,7 +391,11 @@ class BoundStepper(Stepper):
         dtype = np.dtype(NUMPY_DTYPES[spec.dtype])
         if dtype.name not in self._gathers:
             providers = self.session.get_providers()
-            options = self.session.get_provider_options()
+            # the Gather runs on varying rows: never captured
+            options = {
+                p: {k: v for k, v in o.items() if k != "enable_cuda_graph"}
+                for p, o in self.session.get_provider_options().items()
+            }
             self._gathers[dtype.name] = ort.InferenceSession(
                 _gather_model(dtype), providers=providers, provider_options=[options.get(p, {}) for p in providers]
             )
@@ -322,6 +405,20 @@ class BoundStepper(Stepper):
         binding.bind_cpu_input("index", index)
         binding.bind_ortvalue_output("y", dst)
         session.run_with_iobinding(binding)
+
+
+def _run_options(graph_id: int) -> Any:
+    """RunOptions naming the CUDA graph a run captures or replays (-1: none); kept per id."""
+    found = _RUN_OPTIONS.get(graph_id)
+    if found is None:
+        import onnxruntime as ort
+
+        found = _RUN_OPTIONS[graph_id] = ort.RunOptions()
+        found.add_run_config_entry("gpu_graph_id", str(graph_id))
+    return found
+
+
+_RUN_OPTIONS: dict[int, Any] = {}
 
 
 def _gather_model(dtype: np.dtype) -> bytes:

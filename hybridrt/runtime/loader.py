@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..default_model import is_default, model_dir
 from ..errors import GraphError, ProviderError
-from ..graphs.compat import for_onnxruntime_131, needs_query_seqlens
+from ..graphs.compat import TOTAL_LENGTH, for_graph_capture, for_onnxruntime_131, needs_query_seqlens
 from ..graphs.contract import TensorSpec, present_name
 from ..graphs.manifest import MANIFEST, Manifest, read_manifest, verify_files
 from .model import Model
@@ -74,6 +74,7 @@ def load(
     verify: bool = True,
     io_binding: bool | None = None,
     session_options: onnxruntime.SessionOptions | None = None,
+    cuda_graph: bool | None = None,
 ) -> Model:
     """Open an exported directory (or "default") for generation.
 
@@ -95,6 +96,13 @@ def load(
       The loader quiets onnxruntime's log to errors only unless log_severity_level was set.
       On onnxruntime 1.31 a fused graph is opened from rewritten bytes (graphs/compat.py), and
       the object also gets the config entry that reads its weights from this directory.
+    cuda_graph: capture each decode step as a CUDA graph and replay it (onnxruntime's
+      `enable_cuda_graph`, which a ("cuda", {"enable_cuda_graph": "1"}) request also turns on):
+      the step's inputs and outputs stay in fixed device buffers, updated in place, and the
+      graph is opened with GroupQueryAttention's total length as an input (graphs/compat.py).
+      onnxruntime refuses the session unless every compute node runs on the GPU (float32
+      attention does not: quantize --mode float16 --kv-dtype float16). On another provider
+      the same graph and fixed buffers run without capture.
     """
     import onnxruntime as ort
 
@@ -111,17 +119,35 @@ def load(
     selection = select_providers(
         provider, ort.get_available_providers(), allow_fallback=allow_fallback, threads=threads
     )
+    capture = _capture(selection, cuda_graph)
+    bind = True if io_binding is None else io_binding
+    if capture and not bind:
+        raise ProviderError("cuda_graph replays steps bound to fixed buffers: it needs io_binding (leave it on)")
     if CUDA in selection.names:
         _preload_cuda(ort)
-    session, rewritten = _session(ort, graph, selection, session_options)
+    session, rewritten, total_input = _session(ort, graph, selection, session_options, capture)
     _check_providers(session, selection, strict=not (auto or allow_fallback))
-    check_graph(session, manifest, directory)
+    check_graph(session, manifest, directory, extra_inputs=(TOTAL_LENGTH,) if total_input else ())
     name = session.get_providers()[0]
     device = device_of(name, session.get_provider_options().get(name, {}))
-    bind = True if io_binding is None else io_binding
     model = Model(directory, manifest, session, load_tokenizer(directory), device, io_binding=bind)
     model.batched_chunks = not rewritten  # 1.31's kernel: a chunk after a past takes one row
+    model.cuda_graph, model.total_input = capture, total_input
     return model
+
+
+def _capture(selection: ProviderSelection, cuda_graph: bool | None) -> bool:
+    """Whether steps are captured (see load): the argument, else the CUDA provider's own
+    enable_cuda_graph option; the argument is written into that option."""
+    if cuda_graph is not None and not isinstance(cuda_graph, bool):
+        raise ProviderError(f"cuda_graph must be True, False or None, got {cuda_graph!r}")
+    for name, options in selection.providers:
+        if name != CUDA:
+            continue
+        if cuda_graph is None:
+            return str(options.get("enable_cuda_graph", "0")).lower() in ("1", "true")
+        options["enable_cuda_graph"] = "1" if cuda_graph else "0"
+    return bool(cuda_graph)
 
 
 def _preload_cuda(ort: Any) -> None:
@@ -140,9 +166,14 @@ def _preload_cuda(ort: Any) -> None:
 
 
 def _session(
-    ort: Any, graph: Path, selection: ProviderSelection, options: onnxruntime.SessionOptions | None = None
-) -> tuple[Any, bool]:
-    """The session, and whether it runs the graph rewritten for onnxruntime 1.31 (compat.py)."""
+    ort: Any,
+    graph: Path,
+    selection: ProviderSelection,
+    options: onnxruntime.SessionOptions | None = None,
+    capture: bool = False,
+) -> tuple[Any, bool, bool]:
+    """The session, whether it runs the graph rewritten for onnxruntime 1.31 (compat.py), and
+    whether it reads total_sequence_length as an input (rewritten for capture)."""
     global _SESSIONS_OPENED
     opts = ort.SessionOptions() if options is None else options
     if not isinstance(opts, ort.SessionOptions):
@@ -155,8 +186,20 @@ def _session(
     elif selection.threads is not None:
         opts.intra_op_num_threads = selection.threads
     _SESSIONS_OPENED = True
+    if capture:
+        old = not needs_query_seqlens(ort.__version__)
+        data, total_input = for_graph_capture(graph, query_seqlens=not old)
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
+        try:
+            return ort.InferenceSession(data, opts, providers=selection.providers), old, total_input
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ProviderError(
+                f"ONNX Runtime cannot capture {graph} as a CUDA graph: {first}; every compute node must run on "
+                "the GPU (attention too: quantize --mode float16 --kv-dtype float16), or load without cuda_graph"
+            ) from None
     try:
-        return ort.InferenceSession(str(graph), opts, providers=selection.providers), False
+        return ort.InferenceSession(str(graph), opts, providers=selection.providers), False, False
     except Exception as e:
         error = e
     # onnxruntime 1.31 (onnxruntime-gpu's newest) refuses the fused graphs' GroupQueryAttention
@@ -165,7 +208,7 @@ def _session(
     if rewritten is not None:
         opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
         try:
-            return ort.InferenceSession(rewritten, opts, providers=selection.providers), True
+            return ort.InferenceSession(rewritten, opts, providers=selection.providers), True, False
         except Exception as e:
             error = e
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -189,10 +232,11 @@ def _check_providers(session: Any, selection: ProviderSelection, strict: bool) -
     log.warning("execution provider %s could not start; running on %s", ", ".join(failed), ", ".join(used))
 
 
-def check_graph(session: Any, manifest: Manifest, directory: Path) -> None:
-    """The session's inputs and outputs are the manifest's, in order, with its ranks and dtypes."""
+def check_graph(session: Any, manifest: Manifest, directory: Path, extra_inputs: tuple[str, ...] = ()) -> None:
+    """The session's inputs and outputs are the manifest's, in order, with its ranks and dtypes
+    (besides `extra_inputs`, which a rewrite added: compat.for_graph_capture)."""
     for kind, specs, args in (
-        ("input", manifest.inputs, session.get_inputs()),
+        ("input", manifest.inputs, [a for a in session.get_inputs() if a.name not in extra_inputs]),
         ("output", manifest.outputs, session.get_outputs()),
     ):
         want, have = [s.name for s in specs], [a.name for a in args]

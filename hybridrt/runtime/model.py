@@ -84,6 +84,10 @@ class Model:
         self.io_binding = io_binding
         # False on onnxruntime 1.31 (graphs/compat.py): a chunk after a past takes one row.
         self.batched_chunks = True
+        # Decode steps bound to fixed buffers and replayed as CUDA graphs (loader's cuda_graph);
+        # total_input: the graph reads total_sequence_length as an input (graphs/compat.py).
+        self.cuda_graph = False
+        self.total_input = False
         special = manifest.special_tokens
         eos = special.get("eos_token_id")
         self.eos_token_ids: tuple[int, ...] = () if eos is None else tuple(np.atleast_1d(eos).astype(int).tolist())
@@ -199,7 +203,16 @@ class Model:
         fixed-size states it keeps, so that it can rewind ring - 1 calls; with 1 (no rewinds)
         the states that can be are read and written in place (runtime.bound)."""
         if self.io_binding:
-            stepper: Stepper = BoundStepper(self.inference_session, self.manifest, batch, capacity, self.device, ring)
+            stepper: Stepper = BoundStepper(
+                self.inference_session,
+                self.manifest,
+                batch,
+                capacity,
+                self.device,
+                ring,
+                capture=self.cuda_graph,
+                total_input=self.total_input,
+            )
         else:
             stepper = PlainStepper(self.inference_session, self.manifest, batch, capacity)
         stepper.batched_chunks = self.batched_chunks
