@@ -99,3 +99,38 @@ def test_cli_float16(jamba_onnx: Path, tmp_path: Path, text_file: Path, capsys: 
     said = capsys.readouterr().out
     assert "float16" in said and "perplexity ratio" in said
     assert hybridrt.load(out).generate([5, 6, 7], max_new_tokens=4, do_sample=False)
+
+
+def test_float16_attention_keeps_its_kv_buffers_in_float16(jamba_onnx: Path, tmp_path: Path, text_file: Path) -> None:
+    """--kv-dtype float16: GroupQueryAttention in float16 (onnxruntime's CUDA kernel takes
+    float16 and bfloat16 only), its past/present buffers float16 graph inputs and outputs that
+    it reads and writes itself (no cast beside them), the other states float32 as before."""
+    out = tmp_path / "half-kv"
+    quantize(jamba_onnx, out, "float16", kv_dtype="float16", eval_text=text_file, **SMALL)
+    parent, half = onnx.load(str(jamba_onnx / "model.onnx")), onnx.load(str(out / "model.onnx"))
+    manifest, parent_manifest = read_manifest(out), read_manifest(jamba_onnx)
+    kv = {s.name for s in manifest.pasts if s.is_kv}
+    assert kv and {s.dtype for s in manifest.pasts if s.is_kv} == {"float16"}
+    assert {s.dtype for s in manifest.pasts if not s.is_kv} == {"float32"}
+    types, parent_types = _types(half.graph), _types(parent.graph)
+    for name, kind in types.items():
+        bare = name.removeprefix("present.").removeprefix("past.")
+        if f"past.{bare}" in kv:
+            assert kind == TensorProto.FLOAT16, name
+        else:
+            assert kind == parent_types[name], name
+    attention = [n for n in half.graph.node if n.op_type == "GroupQueryAttention"]
+    assert attention
+    for node in attention:  # reads and writes the graph's own KV buffers, in place
+        assert node.input[3].startswith("past.") and node.output[1] == node.input[3].replace("past.", "present.")
+    assert not [
+        n
+        for n in half.graph.node
+        if n.op_type == "Cast" and ({*n.input, *n.output} & (kv | {"present." + k[5:] for k in kv}))
+    ]
+    assert manifest.in_place == parent_manifest.in_place
+    report = manifest.quantization["report"]  # type: ignore[index]
+    assert abs(report["ppl_ratio"] - 1) < 1e-3 and report["mean_kl"] < 1e-5 and report["greedy_agreement"] == 1.0
+    prompt = np.random.default_rng(1).integers(3, 320, (2, 30)).tolist()
+    greedy = {"max_new_tokens": 16, "do_sample": False}
+    assert hybridrt.load(out).generate(prompt, **greedy) == hybridrt.load(jamba_onnx).generate(prompt, **greedy)

@@ -19,12 +19,14 @@ on 1.32, which reads the missing input differently.
 
 CUDA graph capture (`for_graph_capture`): onnxruntime records a decode step once and replays it,
 which needs every node on the GPU without a copy between devices. GroupQueryAttention reads its
-`total_sequence_length` on the host, and the graphs compute it on the device from past_lengths
-(the longest row), so onnxruntime would copy it across each step; the rewrite makes it a graph
-input, `total_sequence_length` (int32 scalar on the host), and drops the nodes that computed it.
-A replay reads the value captured with it, so the runtime feeds the KV buffers' capacity in
-captured steps (the kernels read each row's own length from seqlens_k, on the device) and the
-longest row in other calls (runtime.bound).
+`total_sequence_length` on the host, and the graphs compute it and `seqlens_k` (and on 1.32
+`query_seqlens`) from past_lengths and the call's length, small integer arithmetic that
+onnxruntime places on the CPU (measured on an H200: Add, Sub, Cast, ReduceMax, Squeeze), so it
+copies them across each step and refuses to capture. The rewrite makes them graph inputs
+(`length_feeds` gives their values) and drops the nodes that computed them. A replay reads the
+total it was captured with, so the runtime feeds the KV buffers' capacity in captured steps
+(the kernels read each row's own length from seqlens_k, on the device) and the longest row in
+other calls (runtime.bound).
 """
 
 from __future__ import annotations
@@ -32,11 +34,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import GraphError
 
 QUERY_SEQLENS = 16  # GroupQueryAttention's input index of query_seqlens (1.32)
-TOTAL = 6  # GroupQueryAttention's input index of total_sequence_length
-TOTAL_LENGTH = "total_sequence_length"  # the graph input for_graph_capture adds
+# GroupQueryAttention's length inputs (index: the graph input for_graph_capture makes of it)
+SEQLENS_K, TOTAL_LENGTH, QUERY_SEQLENS_INPUT = "seqlens_k", "total_sequence_length", "query_seqlens"
+LENGTH_INPUTS = {5: SEQLENS_K, 6: TOTAL_LENGTH, QUERY_SEQLENS: QUERY_SEQLENS_INPUT}
 
 
 def needs_query_seqlens(version: str) -> bool:
@@ -52,22 +57,42 @@ def for_onnxruntime_131(graph: Path) -> bytes | None:
     return model.SerializeToString() if _drop_query_seqlens(model) else None
 
 
-def for_graph_capture(graph: Path, query_seqlens: bool = True) -> tuple[bytes, bool]:
-    """The graph's bytes with GroupQueryAttention's total_sequence_length as a graph input (see
-    the module docstring), without query_seqlens unless `query_seqlens`; and whether the graph
-    has attention (False: the bytes are the graph's nodes unchanged)."""
+def for_graph_capture(graph: Path, query_seqlens: bool = True) -> tuple[bytes, tuple[str, ...]]:
+    """The graph's bytes with GroupQueryAttention's lengths as graph inputs (see the module
+    docstring), without query_seqlens unless `query_seqlens`; and the inputs added (none for a
+    graph without attention: its nodes unchanged)."""
     import onnx
 
     model = _load(graph, "is rewritten for CUDA graph capture")
     if not query_seqlens:
         _drop_query_seqlens(model)
-    nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
-    for node in nodes:
-        node.input[TOTAL] = TOTAL_LENGTH
-    if nodes:
-        model.graph.input.append(onnx.helper.make_tensor_value_info(TOTAL_LENGTH, onnx.TensorProto.INT32, []))
+    added: list[str] = []
+    for node in model.graph.node:
+        if node.op_type != "GroupQueryAttention":
+            continue
+        for index, name in LENGTH_INPUTS.items():
+            if index < len(node.input) and node.input[index]:
+                node.input[index] = name
+                if name not in added:
+                    added.append(name)
+    for name in added:
+        shape = [] if name == TOTAL_LENGTH else ["batch"]
+        model.graph.input.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.INT32, shape))
+    if added:
         _prune(model.graph)
-    return model.SerializeToString(), bool(nodes)
+    return model.SerializeToString(), tuple(added)
+
+
+def length_feeds(names: tuple[str, ...], after: np.ndarray, new: int, total: int) -> dict[str, np.ndarray]:
+    """Values of the length inputs `names` for a call of `new` tokens a row that leaves the rows
+    at `after` [b] tokens, with `total` as total_sequence_length (the longest row, or in a
+    captured step the KV capacity)."""
+    values = {
+        SEQLENS_K: (after - 1).astype(np.int32),
+        TOTAL_LENGTH: np.array(total, dtype=np.int32),
+        QUERY_SEQLENS_INPUT: np.full(len(after), new, dtype=np.int32),
+    }
+    return {name: values[name] for name in names}
 
 
 def _load(graph: Path, why: str) -> Any:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import GenerationError
-from ..graphs.compat import TOTAL_LENGTH
+from ..graphs.compat import TOTAL_LENGTH, length_feeds
 from ..graphs.contract import TensorSpec, present_name
 from ..graphs.feeds import NUMPY_DTYPES, state_shape
 from ..graphs.files import IR_VERSION
@@ -65,12 +65,12 @@ class BoundStepper(Stepper):
         device: tuple[str, int],
         ring: int = 1,
         capture: bool = False,
-        total_input: bool = False,
+        length_inputs: tuple[str, ...] = (),
     ) -> None:
         super().__init__(session, manifest, batch, capacity)
         self.ring: int
         self.capture = capture
-        self.total_input = total_input  # the graph reads total_sequence_length (compat.for_graph_capture)
+        self.length_inputs = length_inputs  # attention's lengths as graph inputs (compat.for_graph_capture)
         if ring < 1:
             raise ValueError(f"ring must be at least 1 (1: no rewinds, states in place), got {ring}")
         self.device = device
@@ -186,8 +186,8 @@ class BoundStepper(Stepper):
         step = ids.shape[1] == 1 and not all_logits
         if step and self.capture:
             return self._captured_step(binding, feeds)
-        if self.total_input:  # the longest row after this call, as the graph computed it before the rewrite
-            feeds[TOTAL_LENGTH] = np.array(int(self.lengths.max()), dtype=np.int32)
+        # the lengths as the graph computed them before the rewrite (the longest row as total)
+        feeds |= length_feeds(self.length_inputs, self.lengths, ids.shape[1], int(self.lengths.max()))
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
         if step:
@@ -208,8 +208,7 @@ class BoundStepper(Stepper):
         value it was captured with, and the attention reads each row's length on the device."""
         import onnxruntime as ort
 
-        if self.total_input:
-            feeds[TOTAL_LENGTH] = np.array(self.capacity, dtype=np.int32)
+        feeds |= length_feeds(self.length_inputs, self.lengths, 1, self.capacity)
         for name, value in feeds.items():
             value = np.ascontiguousarray(value)
             held = self._step_inputs.get(name)
@@ -328,7 +327,7 @@ class BoundStepper(Stepper):
             self.device,
             calls + 1,
             self.capture,
-            self.total_input,
+            self.length_inputs,
         )
         other._replace(self._arrays(), self.reserved)  # copies: this stepper's buffers stay its own
         # A later epoch: marks of this stepper name its sets, not the other's, and are refused there.
@@ -338,7 +337,7 @@ class BoundStepper(Stepper):
 
     def fresh(self, batch: int) -> Stepper:
         other = BoundStepper(
-            self.session, self.manifest, batch, self.capacity, self.device, self.ring, self.capture, self.total_input
+            self.session, self.manifest, batch, self.capacity, self.device, self.ring, self.capture, self.length_inputs
         )
         other.batched_chunks = self.batched_chunks
         return other

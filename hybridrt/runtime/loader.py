@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..default_model import is_default, model_dir
 from ..errors import GraphError, ProviderError
-from ..graphs.compat import TOTAL_LENGTH, for_graph_capture, for_onnxruntime_131, needs_query_seqlens
+from ..graphs.compat import for_graph_capture, for_onnxruntime_131, needs_query_seqlens
 from ..graphs.contract import TensorSpec, present_name
 from ..graphs.manifest import MANIFEST, Manifest, read_manifest, verify_files
 from .model import Model
@@ -125,14 +125,14 @@ def load(
         raise ProviderError("cuda_graph replays steps bound to fixed buffers: it needs io_binding (leave it on)")
     if CUDA in selection.names:
         _preload_cuda(ort)
-    session, rewritten, total_input = _session(ort, graph, selection, session_options, capture)
+    session, rewritten, length_inputs = _session(ort, graph, selection, session_options, capture)
     _check_providers(session, selection, strict=not (auto or allow_fallback))
-    check_graph(session, manifest, directory, extra_inputs=(TOTAL_LENGTH,) if total_input else ())
+    check_graph(session, manifest, directory, extra_inputs=length_inputs)
     name = session.get_providers()[0]
     device = device_of(name, session.get_provider_options().get(name, {}))
     model = Model(directory, manifest, session, load_tokenizer(directory), device, io_binding=bind)
     model.batched_chunks = not rewritten  # 1.31's kernel: a chunk after a past takes one row
-    model.cuda_graph, model.total_input = capture, total_input
+    model.cuda_graph, model.length_inputs = capture, length_inputs
     return model
 
 
@@ -171,9 +171,9 @@ def _session(
     selection: ProviderSelection,
     options: onnxruntime.SessionOptions | None = None,
     capture: bool = False,
-) -> tuple[Any, bool, bool]:
+) -> tuple[Any, bool, tuple[str, ...]]:
     """The session, whether it runs the graph rewritten for onnxruntime 1.31 (compat.py), and
-    whether it reads total_sequence_length as an input (rewritten for capture)."""
+    the attention lengths it reads as inputs (rewritten for capture)."""
     global _SESSIONS_OPENED
     opts = ort.SessionOptions() if options is None else options
     if not isinstance(opts, ort.SessionOptions):
@@ -188,10 +188,10 @@ def _session(
     _SESSIONS_OPENED = True
     if capture:
         old = not needs_query_seqlens(ort.__version__)
-        data, total_input = for_graph_capture(graph, query_seqlens=not old)
+        data, length_inputs = for_graph_capture(graph, query_seqlens=not old)
         opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
         try:
-            return ort.InferenceSession(data, opts, providers=selection.providers), old, total_input
+            return ort.InferenceSession(data, opts, providers=selection.providers), old, length_inputs
         except Exception as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ProviderError(
@@ -199,7 +199,7 @@ def _session(
                 "the GPU (attention too: quantize --mode float16 --kv-dtype float16), or load without cuda_graph"
             ) from None
     try:
-        return ort.InferenceSession(str(graph), opts, providers=selection.providers), False, False
+        return ort.InferenceSession(str(graph), opts, providers=selection.providers), False, ()
     except Exception as e:
         error = e
     # onnxruntime 1.31 (onnxruntime-gpu's newest) refuses the fused graphs' GroupQueryAttention
@@ -208,7 +208,7 @@ def _session(
     if rewritten is not None:
         opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
         try:
-            return ort.InferenceSession(rewritten, opts, providers=selection.providers), True, False
+            return ort.InferenceSession(rewritten, opts, providers=selection.providers), True, ()
         except Exception as e:
             error = e
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

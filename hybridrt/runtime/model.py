@@ -85,9 +85,9 @@ class Model:
         # False on onnxruntime 1.31 (graphs/compat.py): a chunk after a past takes one row.
         self.batched_chunks = True
         # Decode steps bound to fixed buffers and replayed as CUDA graphs (loader's cuda_graph);
-        # total_input: the graph reads total_sequence_length as an input (graphs/compat.py).
+        # length_inputs: attention's lengths the graph reads as inputs (graphs/compat.py).
         self.cuda_graph = False
-        self.total_input = False
+        self.length_inputs: tuple[str, ...] = ()
         special = manifest.special_tokens
         eos = special.get("eos_token_id")
         self.eos_token_ids: tuple[int, ...] = () if eos is None else tuple(np.atleast_1d(eos).astype(int).tolist())
@@ -211,7 +211,7 @@ class Model:
                 self.device,
                 ring,
                 capture=self.cuda_graph,
-                total_input=self.total_input,
+                length_inputs=self.length_inputs,
             )
         else:
             stepper = PlainStepper(self.inference_session, self.manifest, batch, capacity)
