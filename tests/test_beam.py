@@ -184,8 +184,8 @@ def test_beam_search_off_the_host_equals_in_place(llama_onnx: Path, monkeypatch:
     in_place = model.generate(_prompt(6), **kwargs)
     init = BoundStepper.__init__
 
-    def off_host(self: BoundStepper, *args: Any) -> None:
-        init(self, *args)
+    def off_host(self: BoundStepper, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
         self.on_host = False
 
     monkeypatch.setattr(BoundStepper, "__init__", off_host)

@@ -199,8 +199,8 @@ def test_engine_keeps_states_off_the_host_between_steps(jamba_onnx: Path, monkey
     init, host = BoundStepper.__init__, BoundStepper._host
     copies = []
 
-    def off_host(self: BoundStepper, *args: Any) -> None:
-        init(self, *args)
+    def off_host(self: BoundStepper, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
         self.on_host = False
 
     def counted(self: BoundStepper) -> Any:
