@@ -87,12 +87,15 @@ def length_feeds(names: tuple[str, ...], after: np.ndarray, new: int, total: int
     """Values of the length inputs `names` for a call of `new` tokens a row that leaves the rows
     at `after` [b] tokens, with `total` as total_sequence_length (the longest row, or in a
     captured step the KV capacity)."""
-    values = {
-        SEQLENS_K: (after - 1).astype(np.int32),
-        TOTAL_LENGTH: np.array(total, dtype=np.int32),
-        QUERY_SEQLENS_INPUT: np.full(len(after), new, dtype=np.int32),
-    }
-    return {name: values[name] for name in names}
+    feeds: dict[str, np.ndarray] = {}
+    for name in names:
+        if name == SEQLENS_K:
+            feeds[name] = (after - 1).astype(np.int32)
+        elif name == TOTAL_LENGTH:
+            feeds[name] = np.array(total, dtype=np.int32)
+        else:
+            feeds[name] = np.full(len(after), new, dtype=np.int32)
+    return feeds
 
 
 def _load(graph: Path, why: str) -> Any:

@@ -20,7 +20,6 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import QuantizationError
-from ..graphs.contract import TensorSpec
 from ..graphs.files import atomic_directory, copy_tokenizer, save_onnx
 from ..graphs.in_place import in_place_states
 from ..graphs.manifest import Manifest, read_manifest
@@ -98,8 +97,8 @@ def quantize(
         manifest = _manifest(parent_manifest, src, cfg, selection, reader, evaluation)
         manifest.quantization = (manifest.quantization or {}) | {"vocab": vocab}
         if cfg.kv_dtype == "float16":
-            manifest.inputs = [_as_dtype(s, "float16") if s.is_kv else s for s in manifest.inputs]
-            manifest.outputs = [_as_dtype(s, "float16") if s.is_kv else s for s in manifest.outputs]
+            manifest.inputs = [dataclasses.replace(s, dtype="float16") if s.is_kv else s for s in manifest.inputs]
+            manifest.outputs = [dataclasses.replace(s, dtype="float16") if s.is_kv else s for s in manifest.outputs]
         if cfg.kv_dtype == "int8":
             scales = kv_cache.scales(manifest, kv_peak, quantized.graph)
             nodes = kv_cache.quantize_kv(quantized.graph, manifest, scales)
@@ -126,10 +125,6 @@ def quantize(
         manifest.write(tmp)
     say(f"wrote {out}")
     return manifest
-
-
-def _as_dtype(spec: TensorSpec, dtype: str) -> TensorSpec:
-    return TensorSpec(spec.name, spec.dims, dtype, spec.kind, spec.layer)
 
 
 def _check_paths(src: Path, out: Path, force: bool) -> Manifest:

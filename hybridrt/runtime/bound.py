@@ -165,6 +165,7 @@ class BoundStepper(Stepper):
         k + 1 mod ring; every binding reads and writes the KV buffers."""
         out_names = [o.name for o in self.session.get_outputs()]
         self.bindings = [self.session.io_binding() for _ in range(self.sets)]
+        self._step_bound: set[int] = set()  # bindings whose inputs are the captured step's buffers
         for k, binding in enumerate(self.bindings):
             # Bind every output once in graph order: get_outputs() keeps the order of first binding.
             written = self._fixed_values[(k + 1) % self.sets]
@@ -186,8 +187,9 @@ class BoundStepper(Stepper):
         step = ids.shape[1] == 1 and not all_logits
         if step and self.capture:
             return self._captured_step(binding, feeds)
-        # the lengths as the graph computed them before the rewrite (the longest row as total)
-        feeds |= length_feeds(self.length_inputs, self.lengths, ids.shape[1], int(self.lengths.max()))
+        if self.length_inputs:  # as the graph computed them before the rewrite (total: the longest row)
+            feeds |= length_feeds(self.length_inputs, self.lengths, ids.shape[1], int(self.lengths.max()))
+        self._step_bound.discard(self.current)  # its inputs are these host arrays now
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
         if step:
@@ -210,21 +212,23 @@ class BoundStepper(Stepper):
 
         feeds |= length_feeds(self.length_inputs, self.lengths, 1, self.capacity)
         for name, value in feeds.items():
-            value = np.ascontiguousarray(value)
             held = self._step_inputs.get(name)
             if held is None:  # the total stays on the host: GroupQueryAttention reads it there
                 device = ("cpu", 0) if name == TOTAL_LENGTH or self.on_host else self.device
                 kept = self._step_arrays[name] = value.copy()  # a host OrtValue aliases it
-                held = self._step_inputs[name] = ort.OrtValue.ortvalue_from_numpy(kept, *device)
+                self._step_inputs[name] = ort.OrtValue.ortvalue_from_numpy(kept, *device)
             else:
                 held.update_inplace(value)
-            binding.bind_ortvalue_input(name, held)
-        binding.bind_ortvalue_output("logits", self._step_out)
+        if self.current not in self._step_bound:  # bound once per binding, until a prompt rebinds it
+            for name, held in self._step_inputs.items():
+                binding.bind_ortvalue_input(name, held)
+            binding.bind_ortvalue_output("logits", self._step_out)
+            self._step_bound.add(self.current)
         self.session.run_with_iobinding(binding, _run_options(self._graph_id()))
         self.current = (self.current + 1) % self.sets
         if self._step_out is self._step_value:
             return self.step_logits[:, -1]
-        return np.asarray(self._step_out.numpy())[:, -1]
+        return self._step_out.numpy()[:, -1]
 
     def _graph_id(self) -> int:
         """The graph of the current binding with the current KV buffers (beam search swaps

@@ -99,7 +99,7 @@ def load(
     cuda_graph: capture each decode step as a CUDA graph and replay it (onnxruntime's
       `enable_cuda_graph`, which a ("cuda", {"enable_cuda_graph": "1"}) request also turns on):
       the step's inputs and outputs stay in fixed device buffers, updated in place, and the
-      graph is opened with GroupQueryAttention's total length as an input (graphs/compat.py).
+      graph is opened with GroupQueryAttention's lengths as inputs (graphs/compat.py).
       onnxruntime refuses the session unless every compute node runs on the GPU (float32
       attention does not: quantize --mode float16 --kv-dtype float16). On another provider
       the same graph and fixed buffers run without capture.
