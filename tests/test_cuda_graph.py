@@ -20,7 +20,7 @@ import hybridrt
 from hybridrt.errors import ProviderError
 from hybridrt.graphs.compat import LENGTH_INPUTS, TOTAL_LENGTH, for_graph_capture, length_feeds
 from hybridrt.quantization import quantize
-from hybridrt.runtime.bound import MAX_GRAPHS
+from hybridrt.runtime.device import MAX_GRAPHS
 from hybridrt.runtime.loader import _capture
 from hybridrt.runtime.providers import ProviderSelection
 

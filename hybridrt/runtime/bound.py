@@ -38,19 +38,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import GenerationError
 from ..graphs.compat import TOTAL_LENGTH, length_feeds
 from ..graphs.contract import TensorSpec, present_name
 from ..graphs.feeds import NUMPY_DTYPES, state_shape
-from ..graphs.files import IR_VERSION
 from ..graphs.manifest import Manifest
+from .device import Gathers, new_graph_id, run_options
 from .state import Stepper, _fit
 
 # KV dtypes that onnxruntime's CUDA GroupQueryAttention reads on the device (see BoundStepper).
 DEVICE_KV_DTYPES = ("float16", "bfloat16")
-# Captured graphs a session keeps at most: each holds its own activations on the device, and
-# onnxruntime frees none until the session closes; past this, steps run uncaptured.
-MAX_GRAPHS = 64
 
 
 class BoundStepper(Stepper):
@@ -90,7 +86,7 @@ class BoundStepper(Stepper):
         self.current = 0  # the fixed-state set the next call reads
         self.reserved = batch  # rows the host buffers have room for (>= batch)
         self.floor = 0  # room kept however few rows are left (reserve)
-        self._gathers: dict[str, Any] = {}  # dtype -> the Gather session of `reorder` off the host
+        self._gathers = Gathers()  # the Gather sessions of `reorder` off the host
         self._allocate([self._zeros(s) for s in self.kv], [[self._zeros(s) for s in self.fixed]] * self.sets)
 
     def _zeros(self, spec: TensorSpec) -> np.ndarray:
@@ -196,7 +192,7 @@ class BoundStepper(Stepper):
             binding.bind_ortvalue_output("logits", self._step_value)
         else:
             binding.bind_output("logits", "cpu")  # prefill: [b, n, V] on the host, once
-        self.session.run_with_iobinding(binding, _run_options(-1) if self.capture else None)
+        self.session.run_with_iobinding(binding, run_options(-1) if self.capture else None)
         self.current = (self.current + 1) % self.sets
         if step:
             return self.step_logits[:, -1]
@@ -224,7 +220,7 @@ class BoundStepper(Stepper):
                 binding.bind_ortvalue_input(name, held)
             binding.bind_ortvalue_output("logits", self._step_out)
             self._step_bound.add(self.current)
-        self.session.run_with_iobinding(binding, _run_options(self._graph_id()))
+        self.session.run_with_iobinding(binding, run_options(self._graph_id()))
         self.current = (self.current + 1) % self.sets
         if self._step_out is self._step_value:
             return self.step_logits[:, -1]
@@ -233,15 +229,11 @@ class BoundStepper(Stepper):
     def _graph_id(self) -> int:
         """The graph of the current binding with the current KV buffers (beam search swaps
         between two sets): its id, new ones taken from the session's count (every stepper of
-        a session has its own buffers, so its own graphs); -1 (uncaptured) past MAX_GRAPHS."""
+        a session has its own buffers, so its own graphs); -1 (uncaptured) past device.MAX_GRAPHS."""
         key = (self.current, id(self._kv_values[0]) if self._kv_values else 0)
         found = self._graph_ids.get(key)
         if found is None:
-            taken = getattr(self.session, "_hybridrt_graphs", 0)
-            found = taken + 1 if taken < MAX_GRAPHS else -1
-            if found > 0:
-                self.session._hybridrt_graphs = found
-            self._graph_ids[key] = found
+            found = self._graph_ids[key] = new_graph_id(self.session)
         return found
 
     def _mark(self) -> Any:
@@ -387,62 +379,5 @@ class BoundStepper(Stepper):
         return ort.OrtValue.ortvalue_from_shape_and_type(value.shape(), NUMPY_DTYPES[spec.dtype], *self.device)
 
     def _gather(self, spec: TensorSpec, src: Any, index: np.ndarray, dst: Any) -> None:
-        """dst[r] = src[index[r]] on the device, through a Gather session of src's dtype
-        (built on first use, on the model session's providers)."""
-        import onnxruntime as ort
-
-        dtype = np.dtype(NUMPY_DTYPES[spec.dtype])
-        if dtype.name not in self._gathers:
-            providers = self.session.get_providers()
-            # the Gather runs on varying rows: never captured
-            options = {
-                p: {k: v for k, v in o.items() if k != "enable_cuda_graph"}
-                for p, o in self.session.get_provider_options().items()
-            }
-            self._gathers[dtype.name] = ort.InferenceSession(
-                _gather_model(dtype), providers=providers, provider_options=[options.get(p, {}) for p in providers]
-            )
-        session = self._gathers[dtype.name]
-        binding = session.io_binding()
-        binding.bind_ortvalue_input("x", src)
-        binding.bind_cpu_input("index", index)
-        binding.bind_ortvalue_output("y", dst)
-        session.run_with_iobinding(binding)
-
-
-def _run_options(graph_id: int) -> Any:
-    """RunOptions naming the CUDA graph a run captures or replays (-1: none); kept per id."""
-    found = _RUN_OPTIONS.get(graph_id)
-    if found is None:
-        import onnxruntime as ort
-
-        found = _RUN_OPTIONS[graph_id] = ort.RunOptions()
-        found.add_run_config_entry("gpu_graph_id", str(graph_id))
-    return found
-
-
-_RUN_OPTIONS: dict[int, Any] = {}
-
-
-def _gather_model(dtype: np.dtype) -> bytes:
-    """One Gather(axis=0) of `dtype`: x [n, ...] (any rank) and index int64 [b] -> y [b, ...]."""
-    try:
-        from onnx import TensorProto, helper
-    except ImportError:
-        raise GenerationError(
-            "reordering states on a device (beam search) builds a one-node ONNX graph with the onnx "
-            "package, which is not installed: pip install onnx"
-        ) from None
-    elem = helper.np_dtype_to_tensor_dtype(dtype)
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["x", "index"], ["y"], axis=0)],
-        "reorder",
-        [
-            helper.make_tensor_value_info("x", elem, None),
-            helper.make_tensor_value_info("index", TensorProto.INT64, ["b"]),
-        ],
-        [helper.make_tensor_value_info("y", elem, None)],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = IR_VERSION  # the exported graphs' (onnx writes a newer one)
-    return bytes(model.SerializeToString())
+        """dst[r] = src[index[r]] on the device (runtime.gather)."""
+        self._gathers.run(self.session, np.dtype(NUMPY_DTYPES[spec.dtype]), src, index, dst)
