@@ -6,7 +6,11 @@ out_proj, the MLP's two) at batch 1 in one graph, random weights in the chosen l
         python scripts/bench_layouts.py $l; done; done
 
 LAYOUT: `nbits-BITS-BLOCK-ZP` (MatMulNBits at accuracy level 4; ZP `zp` packed uint8 zero points, `nz` none,
-`fzp` float zero points as hqq writes them) or `dqmm` (DynamicQuantizeMatMul, int8-dynamic's fused node).
+`fzp` float zero points as hqq writes them), `dqmm` (DynamicQuantizeMatMul, int8-dynamic's fused node) or
+`float` (MatMul over float32 weights). `--rows M` times the products of an M-token prompt chunk instead of
+one token (the runtime's prompt calls take 128; fewer layers and runs keep it short):
+
+    for l in nbits-4-32-nz dqmm float; do python scripts/bench_layouts.py $l --rows 128 --layers 2 --runs 3; done
 """
 
 from __future__ import annotations
@@ -23,14 +27,17 @@ from onnx import TensorProto, helper, numpy_helper
 SHAPES = [(1536, 6448), (3072, 1536), (1536, 8192), (4096, 1536)]  # (K, N) of one granite-h-1b layer
 
 
-def build(layout: str, layers: int, level: int, rng: np.random.Generator) -> tuple[onnx.ModelProto, int]:
+def build(layout: str, layers: int, level: int, rng: np.random.Generator, rows: int = 1) -> tuple[onnx.ModelProto, int]:
     nodes, inits, outputs, nbytes = [], [], [], 0
     ks = sorted({k for k, _ in SHAPES})
-    inputs = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [1, 1, k]) for k in ks]
+    inputs = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [1, rows, k]) for k in ks]
     for layer in range(layers):
         for j, (k, n) in enumerate(SHAPES):
             name, y = f"w{layer}_{j}", f"y{layer}_{j}"
-            if layout == "dqmm":
+            if layout == "float":
+                weights = [numpy_helper.from_array(rng.standard_normal((k, n), dtype=np.float32) * 0.02, name)]
+                node = helper.make_node("MatMul", [f"x{k}", name], [y])
+            elif layout == "dqmm":
                 weights = [
                     numpy_helper.from_array(rng.integers(-127, 128, (k, n), dtype=np.int8), name + "_q"),
                     numpy_helper.from_array(rng.random(n, dtype=np.float32) * 0.01 + 0.001, name + "_s"),
@@ -68,7 +75,7 @@ def build(layout: str, layers: int, level: int, rng: np.random.Generator) -> tup
             nodes.append(node)
             inits += weights
             nbytes += sum(numpy_helper.to_array(w).nbytes for w in weights)
-            outputs.append(helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, 1, n]))
+            outputs.append(helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, rows, n]))
     graph = helper.make_graph(nodes, "layouts", inputs, outputs, inits)
     opsets = [helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets), nbytes
@@ -81,9 +88,10 @@ def main() -> None:
     ap.add_argument("--level", type=int, default=4, help="MatMulNBits accuracy level")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=20, help="runs per timing; five timings, the median reported")
+    ap.add_argument("--rows", type=int, default=1, help="tokens per call: 1 for a decode step, 128 for a prompt chunk")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    model, nbytes = build(args.layout, args.layers, args.level, rng)
+    model, nbytes = build(args.layout, args.layers, args.level, rng, args.rows)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "m.onnx"
         onnx.save(model, str(path), save_as_external_data=True, location="m.data")
@@ -93,8 +101,8 @@ def main() -> None:
     weights = args.layers * sum(k * n for k, n in SHAPES)
     print(
         f"{args.layout:16s} file {nbytes / 1e6:7.1f} MB ({nbytes * 8 / weights:.3f} bits/weight) | "
-        f"{median:7.2f} ms a step ({', '.join(f'{t:.2f}' for t in times)}), "
-        f"{nbytes / median / 1e6:5.1f} GB/s of file bytes"
+        f"{median:7.2f} ms a call of {args.rows} ({', '.join(f'{t:.2f}' for t in times)}), "
+        f"{nbytes / median / 1e6:5.1f} GB/s of file bytes, {2 * args.rows * weights / median / 1e6:6.1f} GFLOP/s"
     )
 
 

@@ -19,12 +19,16 @@ Run on a quiet machine: 2 threads everywhere (`--threads`). `--rounds N` then me
 alone for hybridrt's int8 and int4 modes and the peers' files in turn, N rounds, and adds the
 medians to bench.md (alternated.json): the speed of this shared machine drifts over minutes,
 so ratios between runtimes are fair only when their runs interleave (`--skip-table` runs the
-rounds alone on an earlier table, or with none). `--dirs NAME:LABEL=DIR` adds hybridrt
-directories to the rounds: an export whose manifest predates a runtime change beside one
-that has it, say. Each entry there also gets the weight bytes one decode step
-reads (every weight but an embedding table that only a lookup reads) and the rate at which it
-reads them (MB x tokens/s): decode at batch 1 streams the weights once per token, so that rate
-shows how well a runtime uses the memory bandwidth apart from how many bytes its format stores.
+rounds alone on an earlier table, or with none). `--measure prefill` makes the rounds time
+prompts of 128 and --long tokens instead, with each hybridrt entry's speed over llama.cpp's at
+the same bits (q4_0 or q8_0) round by round; `--measure context` times decode after 128 and
+after --long tokens, the ratio of the two taken within each process (what a long KV cache costs
+a step). `--dirs NAME:LABEL=DIR` adds hybridrt directories to the rounds: an export whose
+manifest predates a runtime change beside one that has it, say. Each entry there also gets the
+weight bytes one decode step reads (every weight but an embedding table that only a lookup
+reads) and the rate at which it reads them (MB x tokens/s): decode at batch 1 streams the
+weights once per token, so that rate shows how well a runtime uses the memory bandwidth apart
+from how many bytes its format stores.
 """
 
 from __future__ import annotations
@@ -272,6 +276,95 @@ def measure_llama_cpp_decode(gguf: str, threads: int) -> dict[str, Any]:
     return {"decode_tok_s": statistics.median(rates[1:])}
 
 
+def measure_hybridrt_prefill(directory: str, threads: int) -> dict[str, Any]:
+    """Runs in a child process: prompt ms alone (the prompt's calls and its first token's logits),
+    after one untimed prompt: the median of three SHORT prompts and of two LONG ones."""
+    import hybridrt
+
+    model = hybridrt.load(directory, threads=threads)
+    vocab = model.manifest.vocab_size
+
+    def prefill(n: int, seed: int) -> float:
+        ids = _prompt(vocab, n, seed=seed)[0]
+        return model.generate_with_stats(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False)[1].prefill_ms
+
+    return _prefill_rounds(prefill)
+
+
+def measure_llama_cpp_prefill(gguf: str, threads: int) -> dict[str, Any]:
+    """Runs in a child process: llama.cpp's prompt ms alone, as measure_hybridrt_prefill (its
+    eval of the prompt, which leaves the last token's logits)."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(gguf, n_ctx=LONG + 8, n_threads=threads, n_batch=512, verbose=False)
+    vocab = llm.n_vocab()
+
+    def prefill(n: int, seed: int) -> float:
+        llm.reset()
+        ids = _prompt(vocab, n, seed=seed)[0]
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        return (time.perf_counter() - t0) * 1e3
+
+    return _prefill_rounds(prefill)
+
+
+def measure_llama_bench_prefill(gguf: str, threads: int) -> dict[str, Any]:
+    """Runs in a child process: llama-bench's pp tests of SHORT and LONG tokens."""
+    entries = _llama_bench(gguf, threads, ["-p", f"{SHORT},{LONG}", "-n", "0"])
+    return {f"prefill_{e['n_prompt']}_ms": e["avg_ns"] / 1e6 for e in entries}
+
+
+def measure_hybridrt_context(directory: str, threads: int) -> dict[str, Any]:
+    """Runs in a child process: decode tokens/s after a SHORT prompt and after a LONG one (the
+    median of two each, after one untimed generation): what a longer KV cache costs a step."""
+    import hybridrt
+
+    model = hybridrt.load(directory, threads=threads)
+    vocab = model.manifest.vocab_size
+    greedy = {"do_sample": False, "max_new_tokens": NEW, "min_new_tokens": NEW}
+
+    def decode(n: int, seed: int) -> float:
+        return model.generate_with_stats(_prompt(vocab, n, seed=seed)[0], **greedy)[1].decode_tokens_per_s
+
+    return _context_rounds(decode)
+
+
+def measure_llama_cpp_context(gguf: str, threads: int) -> dict[str, Any]:
+    """Runs in a child process: llama.cpp's decode tokens/s after SHORT and LONG prompts, as
+    measure_hybridrt_context (its default KV cache, f16)."""
+    import llama_cpp
+    import numpy as np
+
+    llm = llama_cpp.Llama(gguf, n_ctx=LONG + NEW + 8, n_threads=threads, n_batch=512, verbose=False)
+    vocab = llm.n_vocab()
+
+    def decode(n: int, seed: int) -> float:
+        llm.reset()
+        llm.eval(_prompt(vocab, n, seed=seed)[0])
+        t0 = time.perf_counter()
+        for _ in range(NEW):
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(vocab,))
+            llm.eval([int(logits.argmax())])
+        return NEW / (time.perf_counter() - t0)
+
+    return _context_rounds(decode)
+
+
+def _context_rounds(decode: Any) -> dict[str, Any]:
+    decode(SHORT, WARM_SEED)
+    out = {"decode_tok_s": statistics.median(decode(SHORT, s) for s in range(2))}
+    out[f"decode_{LONG}_tok_s"] = statistics.median(decode(LONG, s) for s in range(2))
+    out["long_over_short"] = out[f"decode_{LONG}_tok_s"] / out["decode_tok_s"]
+    return out
+
+
+def _prefill_rounds(prefill: Any) -> dict[str, Any]:
+    """One untimed SHORT prompt, then the median of three SHORT prompts and of two LONG ones."""
+    prefill(SHORT, WARM_SEED)
+    return {f"prefill_{n}_ms": statistics.median(prefill(n, s) for s in range(k)) for n, k in ((SHORT, 3), (LONG, 2))}
+
+
 def measure_genai_decode(directory: str, threads: int) -> dict[str, Any]:
     """Runs in a child process: onnxruntime-genai decode tokens/s alone, as measure_hybridrt_decode."""
     import onnxruntime_genai as og
@@ -417,6 +510,92 @@ def alternate(entries: list[tuple[str, str, str, str]], rounds: int, threads: in
     return rows
 
 
+def _rounds(
+    entries: list[tuple[str, str, str, str]], rounds: int, threads: int, measure: str, keys: list[str]
+) -> dict[tuple[str, str, str], list[dict[str, float]]]:
+    """`keys` of each entry's `measure_{kind}_{measure}`, the entries in turn `rounds` times over,
+    each in its own process; an entry that fails is reported on stderr and left out."""
+    seen: dict[tuple[str, str, str], list[dict[str, float]]] = {}
+    for _ in range(rounds):
+        for model, runtime, mode, spec in entries:
+            kind, path = spec.split(":", 1)
+            got = child(f"{kind}_{measure}", path, threads)
+            if all(k in got for k in keys):
+                seen.setdefault((model, runtime, mode), []).append({k: got[k] for k in keys})
+            else:
+                print(f"{model} {runtime} {mode}: {got.get('error', got)}", file=sys.stderr, flush=True)
+    return seen
+
+
+def alternate_prefill(entries: list[tuple[str, str, str, str]], rounds: int, threads: int) -> list[dict[str, Any]]:
+    """Prompt ms at SHORT and LONG tokens of the entries, measured in turn as `alternate` does,
+    and each entry's speed over its llama.cpp partner's round by round (the GGUF entry of the
+    same model whose mode `partner` names: q4_0 for 4-bit modes, q8_0 for 8-bit)."""
+    keys = [f"prefill_{SHORT}_ms", f"prefill_{LONG}_ms"]
+    seen = _rounds(entries, rounds, threads, "prefill", keys)
+    rows = []
+    for (model, runtime, mode), runs in seen.items():
+        row: dict[str, Any] = {"model": model, "runtime": runtime, "mode": mode, "runs": runs}
+        for k in keys:
+            row[k] = statistics.median(r[k] for r in runs)
+        peer = seen.get((model, "llama.cpp", partner(mode))) if runtime != "llama.cpp" else None
+        if peer and len(peer) == len(runs):
+            for k in keys:  # speed ratio: the peer's ms over ours, per round
+                row[k.replace("_ms", "_speed")] = [p[k] / r[k] for p, r in zip(peer, runs, strict=True)]
+        rows.append(row)
+    return rows
+
+
+def alternate_context(entries: list[tuple[str, str, str, str]], rounds: int, threads: int) -> list[dict[str, Any]]:
+    """Decode tokens/s after SHORT and after LONG prompts of the entries, in turn as `alternate`
+    does; each round's LONG / SHORT ratio is taken within one process, medians over rounds."""
+    keys = ["decode_tok_s", f"decode_{LONG}_tok_s", "long_over_short"]
+    return [
+        {"model": m, "runtime": r, "mode": mode, "runs": runs}
+        | {k: statistics.median(x[k] for x in runs) for k in keys}
+        for (m, r, mode), runs in _rounds(entries, rounds, threads, "context", keys).items()
+    ]
+
+
+def _markdown(head: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in body])
+
+
+def context_table(rows: list[dict[str, Any]]) -> str:
+    head = ["model", "runtime", "mode", f"decode tok/s after {SHORT} (rounds)", f"after {LONG} (rounds)"]
+    body = []
+    for r in rows:
+        cells = [r["model"], r["runtime"], r["mode"]]
+        for k in ("decode_tok_s", f"decode_{LONG}_tok_s"):
+            cells.append(f"{r[k]:.1f} ({', '.join(f'{x[k]:.1f}' for x in r['runs'])})")
+        ratios = ", ".join(f"{x['long_over_short']:.2f}" for x in r["runs"])
+        body.append([*cells, f"{r['long_over_short']:.2f} ({ratios})"])
+    return _markdown([*head, f"{LONG} / {SHORT} (median; rounds)"], body)
+
+
+def partner(mode: str) -> str:
+    """The llama.cpp format at the bits of a hybridrt mode."""
+    return "q8_0" if mode.startswith("int8") else "q4_0"
+
+
+def prefill_table(rows: list[dict[str, Any]]) -> str:
+    head = ["model", "runtime", "mode", f"prefill {SHORT} ms (median; rounds)", f"prefill {LONG} ms (median; rounds)"]
+    body = []
+    for r in rows:
+        cells = [r["model"], r["runtime"], r["mode"]]
+        for n in (SHORT, LONG):
+            runs = ", ".join(f"{x[f'prefill_{n}_ms']:,.0f}" for x in r["runs"])
+            cells.append(f"{r[f'prefill_{n}_ms']:,.0f} ({runs})")
+        for n in (SHORT, LONG):
+            ratios = r.get(f"prefill_{n}_speed")
+            cells.append(
+                f"{statistics.median(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})" if ratios else ""
+            )
+        body.append(cells)
+    return _markdown([*head, f"speed / llama.cpp at {SHORT} (rounds)", f"at {LONG} (rounds)"], body)
+
+
 def alternated_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| model | runtime | mode | decode tok/s (median) | rounds | weights read per token | read rate |",
@@ -528,6 +707,13 @@ def main() -> None:
         help="then decode alone, hybridrt's int8/int4 modes and the peers' files in turn, this many rounds",
     )
     ap.add_argument("--skip-table", action="store_true", help="only the alternated rounds (reads OUT/bench.json)")
+    ap.add_argument(
+        "--measure",
+        choices=("decode", "prefill", "context"),
+        default="decode",
+        help="what the rounds measure: decode tokens/s; prompt ms at 128 and --long tokens; or decode "
+        "tokens/s after 128 and after --long tokens (what the KV cache's length costs)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     LONG = args.long
@@ -558,12 +744,26 @@ def main() -> None:
                 label, path = spec.split("=", 1)
                 if label.startswith(f"{name}:") and installed("onnxruntime_genai"):
                     entries.append((name, "onnxruntime-genai", label.split(":", 1)[1], f"genai:{path}"))
-        alternated = alternate(entries, args.rounds, args.threads)
-        (args.out / "alternated.json").write_text(json.dumps(alternated, indent=2))
-        text = f"Decode alone, {args.rounds} rounds in turn (each entry in its own process):\n\n"
         head = table(rows) + "\n\n" if rows else ""
-        (args.out / "bench.md").write_text(head + text + alternated_table(alternated) + "\n")
-        print(alternated_table(alternated))
+        if args.measure == "prefill":
+            alternated = alternate_prefill(entries, args.rounds, args.threads)
+            (args.out / "alternated_prefill.json").write_text(json.dumps(alternated, indent=2))
+            text = f"Prompts alone, {args.rounds} rounds in turn (each entry in its own process):\n\n"
+            body = prefill_table(alternated)
+        elif args.measure == "context":
+            alternated = alternate_context(entries, args.rounds, args.threads)
+            (args.out / "alternated_context.json").write_text(json.dumps(alternated, indent=2))
+            text = (
+                f"Decode after {SHORT} and {LONG} tokens, {args.rounds} rounds in turn (each in its own process):\n\n"
+            )
+            body = context_table(alternated)
+        else:
+            alternated = alternate(entries, args.rounds, args.threads)
+            (args.out / "alternated.json").write_text(json.dumps(alternated, indent=2))
+            text = f"Decode alone, {args.rounds} rounds in turn (each entry in its own process):\n\n"
+            body = alternated_table(alternated)
+        (args.out / "bench.md").write_text(head + text + body + "\n")
+        print(body)
 
 
 def run_table(args: argparse.Namespace) -> list[dict[str, Any]]:

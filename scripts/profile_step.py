@@ -7,6 +7,9 @@ For each directory: generates once with onnxruntime's profiler on, keeps the run
 prompt, and prints the mean wall time of a step (model_run), the kernel time summed per
 operator type, and how many nodes the session really runs (after onnxruntime's own graph
 optimizations, from a saved copy of the optimized graph; a Scan's body counted once).
+`--prompt` profiles the prompt instead: two prompts of --prompt-tokens, one new token each, the
+second prompt's calls kept (the runtime runs a prompt in calls of 128 tokens; "step" is then
+one of those calls, and the kernel times are per call).
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ def _nodes(graph: Any) -> int:
 
 
 def summarize(trace: Path, steps: int) -> dict[str, Any]:
+    """The last `steps` runs of the trace (steps <= 0: its second half): mean run time, kernel
+    time per operator type per run, nodes per run."""
     events = json.loads(trace.read_text())
     runs = [e for e in events if e.get("name") == "model_run"]
-    decode = runs[-steps:]
+    decode = runs[-steps:] if steps > 0 else runs[len(runs) // 2 :]
     start = decode[0]["ts"]
     kernels: dict[str, list[float]] = collections.defaultdict(list)
     for e in events:
@@ -71,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=100)
     p.add_argument("--batch", type=int, default=1, help="prompts per call")
+    p.add_argument("--prompt", action="store_true", help="profile the prompt's calls, not decode steps")
     p.add_argument("--top", type=int, default=14, help="operator types listed per model")
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args(argv)
@@ -82,17 +88,20 @@ def main(argv: list[str] | None = None) -> int:
             model, optimized = profiled(directory, args.threads, Path(tmp))
             rng = np.random.default_rng(0)
             ids = rng.integers(3, model.manifest.vocab_size - 1, size=(args.batch, args.prompt_tokens)).tolist()
-            model.generate(
-                ids if args.batch > 1 else ids[0], max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens
-            )
+            prompt = ids if args.batch > 1 else ids[0]
+            if args.prompt:  # two prompts with one new token each (their last call also makes it)
+                for _ in range(2):
+                    model.generate(prompt, max_new_tokens=1, min_new_tokens=1)
+            else:
+                model.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
             trace = Path(model.inference_session.end_profiling())
-            figures = summarize(trace, args.new_tokens - 1)
+            figures = summarize(trace, 0 if args.prompt else args.new_tokens - 1)
             graph = onnx.load(str(optimized), load_external_data=False)
             figures["graph_nodes"] = _nodes(graph.graph)
             figures["graph_ops"] = dict(collections.Counter(n.op_type for n in graph.graph.node).most_common())
         out[directory] = figures
         print(
-            f"\n{directory}: {figures['step_ms']:.2f} ms per step (profiler on), "
+            f"\n{directory}: {figures['step_ms']:.2f} ms per {'prompt call' if args.prompt else 'step'} (profiler on), "
             f"kernels {figures['kernel_ms']:.2f} ms, {figures['graph_nodes']} nodes after onnxruntime's optimizations"
         )
         for op, ms in list(figures["per_op_ms"].items())[: args.top]:

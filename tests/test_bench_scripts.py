@@ -1,0 +1,97 @@
+"""The benchmark scripts' measurements on tiny exports: scripts/bench_peers.py's alternated
+prompt and long-context rounds, scripts/profile_step.py's prompt profile, scripts/bench_layouts.py's
+prompt-sized products. Their figures are speeds on a shared machine, so these tests check what
+the scripts compute from them (keys, ratios, tables), never the speeds."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import bench_layouts  # noqa: E402
+import bench_peers  # noqa: E402
+import profile_step  # noqa: E402
+
+LONG = 160  # within the tiny models' 512 positions, with the 128 new tokens after it
+
+
+@pytest.fixture
+def long_prompt(monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(bench_peers, "LONG", LONG)
+    monkeypatch.setenv("HYBRIDRT_BENCH_LONG", str(LONG))  # the children read it at import
+    monkeypatch.chdir(SCRIPTS.parent)  # bench_peers.child imports scripts/bench_peers
+    return LONG
+
+
+def test_prefill_rounds_pair_each_mode_with_its_peer_round_by_round(jamba_onnx: Path, long_prompt: int) -> None:
+    # Two real processes a round: the tiny Jamba as "hybridrt int4" and again as its "llama.cpp
+    # q4_0" partner, so the ratios are computed from two measured runs of the same graph.
+    entries = [
+        ("jamba", "hybridrt", "int4 mse", f"hybridrt:{jamba_onnx}"),
+        ("jamba", "llama.cpp", "q4_0", f"hybridrt:{jamba_onnx}"),
+    ]
+    rows = bench_peers.alternate_prefill(entries, rounds=2, threads=1)
+    ours, peer = rows
+    keys = ("prefill_128_ms", f"prefill_{long_prompt}_ms")
+    for row in rows:
+        assert len(row["runs"]) == 2
+        for k in keys:
+            assert row[k] > 0 and row[k] == np.median([r[k] for r in row["runs"]])
+    for k in keys:
+        want = [p[k] / o[k] for p, o in zip(peer["runs"], ours["runs"], strict=True)]
+        assert ours[k.replace("_ms", "_speed")] == pytest.approx(want)
+    assert "prefill_128_speed" not in peer  # a peer is not its own partner
+    table = bench_peers.prefill_table(rows)
+    assert f"prefill {long_prompt} ms" in table and "| jamba | hybridrt | int4 mse |" in table
+    assert f"{np.median(ours['prefill_128_speed']):.2f}x" in table
+
+
+def test_partner_formats() -> None:
+    assert bench_peers.partner("int8-dynamic") == "q8_0"
+    assert bench_peers.partner("int8-weight") == "q8_0"
+    assert bench_peers.partner("int4 mse (the default)") == "q4_0"
+
+
+def test_context_rounds_ratio_is_taken_within_each_process(llama_kv8: Path, long_prompt: int) -> None:
+    rows = bench_peers.alternate_context([("llama", "hybridrt", "int8 KV", f"hybridrt:{llama_kv8}")], 1, 1)
+    (row,) = rows
+    (run,) = row["runs"]
+    assert run["long_over_short"] == pytest.approx(run[f"decode_{long_prompt}_tok_s"] / run["decode_tok_s"])
+    assert row["decode_tok_s"] > 0 and row[f"decode_{long_prompt}_tok_s"] > 0
+    assert f"after {long_prompt}" in bench_peers.context_table(rows)
+
+
+def test_a_failed_entry_is_reported_not_tabled(tmp_path: Path, long_prompt: int, capsys: pytest.CaptureFixture) -> None:
+    rows = bench_peers.alternate_prefill([("m", "hybridrt", "int4", f"hybridrt:{tmp_path}")], 1, 1)
+    assert rows == []
+    assert "m hybridrt int4:" in capsys.readouterr().err
+
+
+def test_profile_of_the_prompt_calls(jamba_onnx: Path, tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    args = [str(jamba_onnx), "--threads", "1", "--prompt-tokens", "200", "--prompt", "--json", str(out)]
+    assert profile_step.main(args) == 0
+    (figures,) = json.loads(out.read_text()).values()
+    # 200 tokens run as calls of 128 and 72: the per-call kernels include the model's products.
+    assert figures["step_ms"] > 0 and figures["kernel_ms"] > 0
+    assert any(op.startswith("MatMul") or op == "Gemm" for op in figures["per_op_ms"])
+    assert figures["graph_nodes"] > 0
+
+
+@pytest.mark.parametrize("layout", ["float", "dqmm", "nbits-4-32-nz"])
+def test_layouts_build_prompt_sized_products(layout: str) -> None:
+    import onnxruntime as ort
+
+    model, nbytes = bench_layouts.build(layout, 1, 4, np.random.default_rng(0), rows=5)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {i.name: np.ones(i.shape, np.float32) for i in session.get_inputs()}
+    outputs = session.run(None, feeds)
+    assert [o.shape for o in outputs] == [(1, 5, n) for _, n in bench_layouts.SHAPES]
+    assert nbytes > 0
