@@ -160,14 +160,18 @@ CONFIG_FIXES = {"granite-h-125m": granite_config_fixes}
 
 
 def copy_checkpoint(bench_hf: Path, dest: Path, tokenizer: Path, name: str) -> Path:
-    """OUT/<model>/hf: hard-linked weights (symlink across filesystems), copied configs, the shared tokenizer."""
+    """OUT/<model>/hf: hard-linked weights (symlink across filesystems), one file or shards and
+    their index as the checkpoint has them; copied configs, the shared tokenizer."""
     dest.mkdir(parents=True, exist_ok=True)
-    weights = dest / "model.safetensors"
-    if not weights.exists():
-        try:
-            os.link(bench_hf / "model.safetensors", weights)
-        except OSError:
-            weights.symlink_to((bench_hf / "model.safetensors").resolve())
+    files = sorted(bench_hf.glob("*.safetensors")) + sorted(bench_hf.glob("model.safetensors.index.json"))
+    if not files:
+        raise FileNotFoundError(f"{bench_hf} has no .safetensors weights")
+    for src in files:
+        if not (dest / src.name).exists():
+            try:
+                os.link(src, dest / src.name)
+            except OSError:
+                (dest / src.name).symlink_to(src.resolve())
     for f in ("config.json", "generation_config.json"):
         if (bench_hf / f).exists():
             shutil.copyfile(bench_hf / f, dest / f)

@@ -143,7 +143,9 @@ def main() -> None:
     text.write_text(Path(decode_module.__file__).read_text(encoding="utf-8") * 6, encoding="utf-8")
     targets: dict[str, tuple[Path, Path | None]] = {}
     for name in args.models if args.bench else []:
-        targets[name] = (args.bench / name / "float", None)  # bench exports have no tokenizer: no report
+        float_dir = args.bench / name / "float"
+        # An export without a tokenizer gets no quality report, so needs no held-out text.
+        targets[name] = (float_dir, text if (float_dir / "tokenizer.json").exists() else None)
     if args.families:
         targets |= {f"{name} (tiny)": (d, text) for name, d in family_exports(args.work).items()}
     rows: list[dict[str, Any]] = []
