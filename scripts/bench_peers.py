@@ -185,7 +185,6 @@ def measure_genai(directory: str, threads: int) -> dict[str, Any]:
 def measure_llama_cpp(gguf: str, threads: int) -> dict[str, Any]:
     """Runs in a child process: llama.cpp through llama-cpp-python, greedy, batch 1."""
     import llama_cpp
-    import numpy as np
 
     llm = llama_cpp.Llama(gguf, n_ctx=SHORT + NEW + LONG, n_threads=threads, n_batch=512, verbose=False)
     vocab = llm.n_vocab()
@@ -196,12 +195,7 @@ def measure_llama_cpp(gguf: str, threads: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         llm.eval(ids)
         out[f"prefill_{label}_ms"] = (time.perf_counter() - t0) * 1e3
-        t0 = time.perf_counter()
-        for _ in range(NEW):
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(vocab,))
-            llm.eval([int(logits.argmax())])
-        rate = NEW / (time.perf_counter() - t0)
-        out["decode_tok_s" if label == "128" else f"decode_{LONG}_tok_s"] = rate
+        out["decode_tok_s" if label == "128" else f"decode_{LONG}_tok_s"] = _llama_greedy_rate(llm, vocab)
     out["peak_rss_mb"] = _peak_rss_mb()
     return out
 
@@ -245,35 +239,60 @@ def measure_llama_bench_decode(gguf: str, threads: int) -> dict[str, Any]:
 WARM_SEED = 99
 
 
-def measure_hybridrt_decode(directory: str, threads: int) -> dict[str, Any]:
-    """Runs in a child process: decode tokens/s alone (the median of three 128-token prompts)."""
+def _hybridrt_decoder(directory: str, threads: int) -> Any:
+    """decode(n, seed): tokens/s of NEW greedy tokens after an n-token prompt, on one loaded model."""
     import hybridrt
 
     model = hybridrt.load(directory, threads=threads)
     vocab = model.manifest.vocab_size
     greedy = {"do_sample": False, "max_new_tokens": NEW, "min_new_tokens": NEW}
-    model.generate(_prompt(vocab, SHORT, seed=WARM_SEED), **greedy)
-    runs = [model.generate_with_stats(_prompt(vocab, SHORT, seed=s), **greedy)[1] for s in range(3)]
-    return {"decode_tok_s": statistics.median(r.decode_tokens_per_s for r in runs)}
+
+    def decode(n: int, seed: int) -> float:
+        return model.generate_with_stats(_prompt(vocab, n, seed=seed)[0], **greedy)[1].decode_tokens_per_s
+
+    return decode
+
+
+def _llama_greedy_rate(llm: Any, vocab: int) -> float:
+    """Tokens/s of NEW greedy tokens after what llm has evaluated."""
+    import llama_cpp
+    import numpy as np
+
+    t0 = time.perf_counter()
+    for _ in range(NEW):
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(vocab,))
+        llm.eval([int(logits.argmax())])
+    return NEW / (time.perf_counter() - t0)
+
+
+def _llama_decoder(gguf: str, threads: int, n_ctx: int) -> Any:
+    """decode(n, seed) for llama.cpp, as _hybridrt_decoder."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(gguf, n_ctx=n_ctx, n_threads=threads, n_batch=512, verbose=False)
+    vocab = llm.n_vocab()
+
+    def decode(n: int, seed: int) -> float:
+        llm.reset()
+        llm.eval(_prompt(vocab, n, seed=seed)[0])
+        return _llama_greedy_rate(llm, vocab)
+
+    return decode
+
+
+def measure_hybridrt_decode(directory: str, threads: int) -> dict[str, Any]:
+    """Runs in a child process: decode tokens/s alone (the median of three 128-token prompts)."""
+    return _decode_rounds(_hybridrt_decoder(directory, threads))
 
 
 def measure_llama_cpp_decode(gguf: str, threads: int) -> dict[str, Any]:
     """Runs in a child process: llama.cpp decode tokens/s alone, as measure_hybridrt_decode."""
-    import llama_cpp
-    import numpy as np
+    return _decode_rounds(_llama_decoder(gguf, threads, SHORT + NEW))
 
-    llm = llama_cpp.Llama(gguf, n_ctx=SHORT + NEW, n_threads=threads, n_batch=512, verbose=False)
-    vocab = llm.n_vocab()
-    rates = []
-    for seed in (WARM_SEED, 0, 1, 2):
-        llm.reset()
-        llm.eval(_prompt(vocab, SHORT, seed=seed)[0])
-        t0 = time.perf_counter()
-        for _ in range(NEW):
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(vocab,))
-            llm.eval([int(logits.argmax())])
-        rates.append(NEW / (time.perf_counter() - t0))
-    return {"decode_tok_s": statistics.median(rates[1:])}
+
+def _decode_rounds(decode: Any) -> dict[str, Any]:
+    decode(SHORT, WARM_SEED)
+    return {"decode_tok_s": statistics.median(decode(SHORT, s) for s in range(3))}
 
 
 def measure_hybridrt_prefill(directory: str, threads: int) -> dict[str, Any]:
@@ -318,37 +337,13 @@ def measure_llama_bench_prefill(gguf: str, threads: int) -> dict[str, Any]:
 def measure_hybridrt_context(directory: str, threads: int) -> dict[str, Any]:
     """Runs in a child process: decode tokens/s after a SHORT prompt and after a LONG one (the
     median of two each, after one untimed generation): what a longer KV cache costs a step."""
-    import hybridrt
-
-    model = hybridrt.load(directory, threads=threads)
-    vocab = model.manifest.vocab_size
-    greedy = {"do_sample": False, "max_new_tokens": NEW, "min_new_tokens": NEW}
-
-    def decode(n: int, seed: int) -> float:
-        return model.generate_with_stats(_prompt(vocab, n, seed=seed)[0], **greedy)[1].decode_tokens_per_s
-
-    return _context_rounds(decode)
+    return _context_rounds(_hybridrt_decoder(directory, threads))
 
 
 def measure_llama_cpp_context(gguf: str, threads: int) -> dict[str, Any]:
     """Runs in a child process: llama.cpp's decode tokens/s after SHORT and LONG prompts, as
     measure_hybridrt_context (its default KV cache, f16)."""
-    import llama_cpp
-    import numpy as np
-
-    llm = llama_cpp.Llama(gguf, n_ctx=LONG + NEW + 8, n_threads=threads, n_batch=512, verbose=False)
-    vocab = llm.n_vocab()
-
-    def decode(n: int, seed: int) -> float:
-        llm.reset()
-        llm.eval(_prompt(vocab, n, seed=seed)[0])
-        t0 = time.perf_counter()
-        for _ in range(NEW):
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(vocab,))
-            llm.eval([int(logits.argmax())])
-        return NEW / (time.perf_counter() - t0)
-
-    return _context_rounds(decode)
+    return _context_rounds(_llama_decoder(gguf, threads, LONG + NEW + 8))
 
 
 def _context_rounds(decode: Any) -> dict[str, Any]:

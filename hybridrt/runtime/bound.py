@@ -379,5 +379,5 @@ class BoundStepper(Stepper):
         return ort.OrtValue.ortvalue_from_shape_and_type(value.shape(), NUMPY_DTYPES[spec.dtype], *self.device)
 
     def _gather(self, spec: TensorSpec, src: Any, index: np.ndarray, dst: Any) -> None:
-        """dst[r] = src[index[r]] on the device (runtime.gather)."""
+        """dst[r] = src[index[r]] on the device (runtime.device.Gathers)."""
         self._gathers.run(self.session, np.dtype(NUMPY_DTYPES[spec.dtype]), src, index, dst)
