@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -237,9 +238,10 @@ def measure_llama_bench_decode(gguf: str, threads: int) -> dict[str, Any]:
 # they do not time: the first generation of a process runs 5-15% slower than the next
 # (allocations, page faults), and a short warm-up leaves that in the timed runs.
 WARM_SEED = 99
+Decoder = Callable[[int, int], float]  # decode(prompt tokens, seed) -> tokens/s of NEW greedy tokens
 
 
-def _hybridrt_decoder(directory: str, threads: int) -> Any:
+def _hybridrt_decoder(directory: str, threads: int) -> Decoder:
     """decode(n, seed): tokens/s of NEW greedy tokens after an n-token prompt, on one loaded model."""
     import hybridrt
 
@@ -265,7 +267,7 @@ def _llama_greedy_rate(llm: Any, vocab: int) -> float:
     return NEW / (time.perf_counter() - t0)
 
 
-def _llama_decoder(gguf: str, threads: int, n_ctx: int) -> Any:
+def _llama_decoder(gguf: str, threads: int, n_ctx: int) -> Decoder:
     """decode(n, seed) for llama.cpp, as _hybridrt_decoder."""
     import llama_cpp
 
@@ -290,7 +292,7 @@ def measure_llama_cpp_decode(gguf: str, threads: int) -> dict[str, Any]:
     return _decode_rounds(_llama_decoder(gguf, threads, SHORT + NEW))
 
 
-def _decode_rounds(decode: Any) -> dict[str, Any]:
+def _decode_rounds(decode: Decoder) -> dict[str, Any]:
     decode(SHORT, WARM_SEED)
     return {"decode_tok_s": statistics.median(decode(SHORT, s) for s in range(3))}
 
@@ -346,7 +348,7 @@ def measure_llama_cpp_context(gguf: str, threads: int) -> dict[str, Any]:
     return _context_rounds(_llama_decoder(gguf, threads, LONG + NEW + 8))
 
 
-def _context_rounds(decode: Any) -> dict[str, Any]:
+def _context_rounds(decode: Decoder) -> dict[str, Any]:
     decode(SHORT, WARM_SEED)
     out = {"decode_tok_s": statistics.median(decode(SHORT, s) for s in range(2))}
     out[f"decode_{LONG}_tok_s"] = statistics.median(decode(LONG, s) for s in range(2))
