@@ -2,24 +2,92 @@
 
 from __future__ import annotations
 
+import json
+import os
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import exports
 import pytest
 import toy_kind
 from checkpoints import TEXT, make_jamba, make_llama
-from family_checkpoints import SHARED_FAMILIES, family_checkpoint
+from family_checkpoints import BUILDERS
 from fuzzing import TALLY
+
+from hybridrt.export.trace_cache import ENV as TRACE_CACHE
+
+# A skip is a test that did not run: the only reasons allowed are the hardware this machine may
+# lack. Any other skip (a missing package, a missing tool) fails the run (tests/conftest.py).
+ALLOWED_SKIPS = ("no GPU", "no Arm")
+_worker_tallies: list[dict[str, dict[str, int]]] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    cache = config.cache
+    root = Path(cache.mkdir("hybridrt-builds")) if cache else config.rootpath / ".pytest_cache" / "hybridrt-builds"
+    exports.configure(root, prune=not hasattr(config, "workerinput"))
+    # Exports of one architecture share its traced layers (hybridrt.export.trace_cache), in every
+    # worker and in the CLI's child processes; tests of the cache itself set their own.
+    os.environ.setdefault(TRACE_CACHE, str(root / "traces"))
+
+
+def _tallies() -> dict[str, dict[str, int]]:
+    return {"exports": dict(exports.TALLY), "fuzz": dict(TALLY)}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """xdist: each worker's tallies, sent in its workeroutput."""
+    _worker_tallies.append(json.loads(node.workeroutput.get("tallies", "{}")))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    if hasattr(config, "workeroutput"):
+        config.workeroutput["tallies"] = json.dumps(_tallies())
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    unlisted = [r for r in skipped if not _skip_reason(r).startswith(ALLOWED_SKIPS)]
+    if unlisted and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The fuzz suite's tally (tests/test_fuzz.py), when it ran."""
-    if TALLY:
-        total = sum(TALLY.values())
+    """The build cache's hits and builds (tests/exports.py), the fuzz suite's tally
+    (tests/test_fuzz.py), and every skip with its reason, summed over workers."""
+    if hasattr(terminalreporter.config, "workeroutput"):
+        return
+    total: dict[str, Counter[str]] = {"exports": Counter(), "fuzz": Counter()}
+    for tallies in [_tallies(), *_worker_tallies]:
+        for name, counts in tallies.items():
+            total[name].update(counts)
+    built = total["exports"]
+    if built:
+        hits = sum(v for k, v in built.items() if k.endswith("hits"))
+        builds = sum(v for k, v in built.items() if k.endswith("builds"))
+        detail = ", ".join(f"{k} {v}" for k, v in sorted(built.items()))
+        terminalreporter.write_line(f"build cache: {hits} hits, {builds} built ({detail})")
+    fuzz = total["fuzz"]
+    if fuzz:
         terminalreporter.write_line(
-            f"fuzz: {total} cases, {TALLY['worked']} worked, {TALLY['typed error']} typed errors, "
-            f"{TALLY['failure']} failures"
+            f"fuzz: {sum(fuzz.values())} cases, {fuzz['worked']} worked, {fuzz['typed error']} typed errors, "
+            f"{fuzz['failure']} failures"
         )
+    skipped = terminalreporter.stats.get("skipped", [])
+    terminalreporter.write_line(f"skips: {len(skipped)} (allowed only for: {', '.join(ALLOWED_SKIPS)})")
+    for report in skipped:
+        reason = _skip_reason(report)
+        verdict = "allowed" if reason.startswith(ALLOWED_SKIPS) else "NOT ALLOWED"
+        terminalreporter.write_line(f"  {verdict}: {report.nodeid}: {reason}")
 
 
 @pytest.fixture(scope="session")
@@ -31,13 +99,13 @@ def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def jamba_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_jamba(tmp_path_factory.mktemp("jamba"))
+def jamba_dir() -> Path:
+    return exports.checkpoint(make_jamba)
 
 
 @pytest.fixture(scope="session")
-def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_llama(tmp_path_factory.mktemp("llama"))
+def llama_dir() -> Path:
+    return exports.checkpoint(make_llama)
 
 
 @pytest.fixture(scope="session", params=["jamba", "llama"])
@@ -46,21 +114,14 @@ def ckpt_dir(request: pytest.FixtureRequest) -> Path:
 
 
 @pytest.fixture(scope="session")
-def jamba_onnx(jamba_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import hybridrt
-
-    out = tmp_path_factory.mktemp("jamba-onnx") / "model"
-    hybridrt.export_model(jamba_dir, out)
-    return out
+def jamba_onnx() -> Path:
+    """The family suite's export of the tiny Jamba (with its parity check, which it asserts)."""
+    return exports.export(make_jamba, validate=True)
 
 
 @pytest.fixture(scope="session")
-def llama_onnx(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import hybridrt
-
-    out = tmp_path_factory.mktemp("llama-onnx") / "model"
-    hybridrt.export_model(llama_dir, out)
-    return out
+def llama_onnx() -> Path:
+    return exports.export(make_llama, validate=True)
 
 
 @pytest.fixture(scope="session", params=["jamba", "llama"])
@@ -69,81 +130,41 @@ def onnx_dir(request: pytest.FixtureRequest) -> Path:
 
 
 @pytest.fixture(scope="session")
-def default_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def default_onnx() -> Path:
     """The shipped default model (Mamba1 + attention), exported once."""
-    import hybridrt
     from hybridrt.default_model import CHECKPOINT_DIR
 
-    out = tmp_path_factory.mktemp("default-onnx") / "model"
-    hybridrt.export_model(CHECKPOINT_DIR, out)
-    return out
+    return exports.export(CHECKPOINT_DIR)
 
 
 @pytest.fixture(scope="session")
-def jamba_int4(jamba_onnx: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def jamba_int4(jamba_onnx: Path, text_file: Path) -> Path:
     """The tiny Jamba quantized to int4: a draft model that keeps some of its drafts."""
-    from hybridrt.quantization import quantize
-
-    text = tmp_path_factory.mktemp("eval") / "text.txt"
-    text.write_text(Path(__file__).read_text(encoding="utf-8") * 8, encoding="utf-8")
-    out = tmp_path_factory.mktemp("jamba-int4") / "model"
-    quick = {"samples": 3, "seq_len": 32, "decode_steps": 2, "agreement_prompts": 4, "eval_tokens": 192}
-    quantize(jamba_onnx, out, "int4", eval_text=text, eval_window=128, **quick)
-    return out
+    return exports.quantized(jamba_onnx, "int4", eval_text=text_file, eval_window=128, **exports.QUICK)
 
 
 @pytest.fixture(scope="session")
-def llama_kv8(llama_onnx: Path, text_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def llama_kv8(llama_onnx: Path, text_file: Path) -> Path:
     """The tiny Llama with float weights and an int8 KV cache (quantize --mode none --kv-dtype int8)."""
-    from hybridrt.quantization import quantize
-
-    out = tmp_path_factory.mktemp("llama-kv8") / "model"
-    quick = {"samples": 3, "seq_len": 32, "decode_steps": 2, "agreement_prompts": 4, "eval_tokens": 192}
-    quantize(llama_onnx, out, "none", calibration=[text_file], kv_dtype="int8", eval_window=128, **quick)
-    return out
+    return exports.quantized(
+        llama_onnx, "none", calibration=[text_file], kv_dtype="int8", eval_window=128, **exports.QUICK
+    )
 
 
-# Every family of tests/family_checkpoints.BUILDERS, built and exported once per session for
+# Every family of tests/family_checkpoints.BUILDERS, built and exported once (tests/exports.py) for
 # the suites that run on all of them (test_families, test_beam): a module defines a `family`
 # fixture over the names and asks for `ckpt` / `exported`.
 
 
-@pytest.fixture(scope="session")
-def family_dirs() -> dict[str, Path]:
-    return {}
-
-
-@pytest.fixture(scope="session")
-def family_onnx() -> dict[str, Path]:
-    return {}
+@pytest.fixture
+def ckpt(family: str) -> Path:
+    return exports.checkpoint(BUILDERS[family])
 
 
 @pytest.fixture
-def ckpt(
-    family: str, family_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Path:
-    if family in SHARED_FAMILIES:
-        return Path(request.getfixturevalue(f"{family}_dir"))
-    return family_checkpoint(family, family_dirs, tmp_path_factory)
-
-
-@pytest.fixture
-def exported(
-    family: str,
-    ckpt: Path,
-    family_onnx: dict[str, Path],
-    tmp_path_factory: pytest.TempPathFactory,
-    request: pytest.FixtureRequest,
-) -> Path:
-    import hybridrt
-
-    if family in SHARED_FAMILIES:
-        return Path(request.getfixturevalue(f"{family}_onnx"))
-    if family not in family_onnx:
-        out = tmp_path_factory.mktemp(f"{family}-onnx") / "model"
-        hybridrt.export_model(ckpt, out)
-        family_onnx[family] = out
-    return family_onnx[family]
+def exported(family: str) -> Path:
+    """The family's export, with its parity check (the family suite asserts it)."""
+    return exports.export(BUILDERS[family], validate=True)
 
 
 @pytest.fixture

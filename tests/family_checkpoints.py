@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 from checkpoints import VOCAB, _randomize, make_jamba, make_llama, make_tokenizer
 
@@ -511,14 +510,3 @@ BUILDERS = {
     "zamba2": make_zamba2,
     "olmo_hybrid": make_olmo_hybrid,
 }
-
-# Jamba's and Llama's checkpoints and exports are conftest's session fixtures (`jamba_dir`,
-# `jamba_onnx`, ...), shared with the runtime and quantization suites.
-SHARED_FAMILIES = ("jamba", "llama")
-
-
-def family_checkpoint(name: str, cache: dict[str, Path], tmp: pytest.TempPathFactory) -> Path:
-    """The checkpoint of family `name`, built once per session into `cache` (family_dirs)."""
-    if name not in cache:
-        cache[name] = BUILDERS[name](tmp.mktemp(name))
-    return cache[name]

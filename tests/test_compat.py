@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import exports
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from checkpoints import make_jamba
 
 import hybridrt
 from hybridrt.graphs.compat import QUERY_SEQLENS, for_onnxruntime_131, needs_query_seqlens
@@ -81,9 +83,8 @@ def test_loader_rewrites_for_onnxruntime_131(jamba_onnx: Path, monkeypatch: pyte
     assert any(b == 2 for b, n in calls)  # the decode steps still batch the rows
 
 
-def test_plain_graphs_are_not_rewritten(tmp_path: Path, jamba_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    out = tmp_path / "plain"
-    hybridrt.export_model(jamba_dir, out, fused_ops=False, validate=False)
+def test_plain_graphs_are_not_rewritten(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = exports.export(make_jamba, fused_ops=False, validate=True)
     assert for_onnxruntime_131(out / "model.onnx") is None  # no GroupQueryAttention to rewrite
     monkeypatch.setattr(ort, "__version__", "1.31.1")
     assert hybridrt.load(out).batched_chunks  # opened as it is, even without onnx

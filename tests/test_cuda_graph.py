@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import exports
 import numpy as np
 import onnx
 import pytest
@@ -19,7 +20,6 @@ import pytest
 import hybridrt
 from hybridrt.errors import ProviderError
 from hybridrt.graphs.compat import LENGTH_INPUTS, TOTAL_LENGTH, for_graph_capture, length_feeds
-from hybridrt.quantization import quantize
 from hybridrt.runtime.device import MAX_GRAPHS
 from hybridrt.runtime.loader import _capture
 from hybridrt.runtime.providers import ProviderSelection
@@ -28,12 +28,10 @@ GREEDY = {"max_new_tokens": 12, "min_new_tokens": 12, "do_sample": False}
 
 
 @pytest.fixture(scope="module")
-def half_kv(jamba_onnx: Path, text_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def half_kv(jamba_onnx: Path, text_file: Path) -> Path:
     """jamba (Mamba1 scans, conv states, attention) with attention and its KV in float16."""
-    out = tmp_path_factory.mktemp("jamba-f16kv") / "m"
     small = {"agreement_prompts": 2, "eval_tokens": 128, "eval_window": 128}
-    quantize(jamba_onnx, out, "float16", kv_dtype="float16", eval_text=text_file, **small)
-    return out
+    return exports.quantized(jamba_onnx, "float16", kv_dtype="float16", eval_text=text_file, **small)
 
 
 def _prompts(rows: int = 2, n: int = 20) -> list[list[int]]:

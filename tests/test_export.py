@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import exports
 import numpy as np
 import onnx
 import pytest
 import torch
+from checkpoints import make_jamba
 
 import hybridrt
 from hybridrt.export.onnx_export import check_graph
@@ -153,11 +155,12 @@ def test_node_count_does_not_depend_on_trace_length(jamba_dir: Path, tmp_path: P
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "pt2"])
-def test_torch_graph_matches_reference(jamba_dir: Path, tmp_path: Path, fmt: str) -> None:
+def test_torch_graph_matches_reference(jamba_dir: Path, fmt: str) -> None:
     from hybridrt.export.torch_export import load_torch_graph
 
-    manifest = hybridrt.export_model(jamba_dir, tmp_path / "out", format=fmt)
-    path = tmp_path / "out" / manifest.graph_file
+    out = exports.export(make_jamba, format=fmt, validate=True)
+    manifest = read_manifest(out)
+    path = out / manifest.graph_file
     model, _ = load_model(jamba_dir)
     run = torch_runner(load_torch_graph(path))
     for length in UNSEEN:
@@ -205,36 +208,38 @@ def test_large_models_use_external_data(jamba_dir: Path, tmp_path: Path, monkeyp
     assert len(model.generate([[5, 6, 7]], max_new_tokens=4, do_sample=False)[0]) == 4
 
 
-def test_plain_ops_graph_matches_reference(jamba_dir: Path, tmp_path: Path) -> None:
+def test_plain_ops_graph_matches_reference(jamba_dir: Path) -> None:
     """--plain-ops: standard ONNX operators only, the chunked scan in the graph."""
-    manifest = hybridrt.export_model(jamba_dir, tmp_path / "out", fused_ops=False)
-    graph = onnx.load(str(tmp_path / "out" / "model.onnx"))
+    out = exports.export(make_jamba, fused_ops=False, validate=True)
+    manifest = read_manifest(out)
+    graph = onnx.load(str(out / "model.onnx"))
     assert {n.domain for n in graph.graph.node} <= {"", "ai.onnx"}
     assert manifest.parity["passed"] is True and manifest.provenance["fused_ops"] is False
     model, _ = load_model(jamba_dir)
-    run = ort_runner(tmp_path / "out" / "model.onnx", model)
+    run = ort_runner(out / "model.onnx", model)
     for length in UNSEEN:
         assert _compare(model, run, length) <= TOL
 
 
-def test_rotary_runs_inside_group_query_attention(tmp_path: Path) -> None:
+def test_rotary_runs_inside_group_query_attention() -> None:
     """Head and rotary sizes onnxruntime's kernel takes: q and k rotate inside the fused node
     (llama3-scaled frequencies included), exactly, and greedy decoding equals transformers."""
     from checkpoints import make_llama
     from transformers import AutoModelForCausalLM
 
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
-    src = make_llama(
-        tmp_path / "src",
+    src = exports.checkpoint(
+        make_llama,
         hidden_size=128,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=32,
         rope_scaling=scaling | {"original_max_position_embeddings": 64},
     )
-    manifest = hybridrt.export_model(src, tmp_path / "out")
+    out = exports.export(src, validate=True)
+    manifest = read_manifest(out)
     assert manifest.parity["passed"] is True and manifest.parity["max_abs_logits"] <= TOL
-    nodes = onnx.load(str(tmp_path / "out" / "model.onnx")).graph.node
+    nodes = onnx.load(str(out / "model.onnx")).graph.node
     attention = [n for n in nodes if n.op_type == "GroupQueryAttention"]
     assert len(attention) == 2
     assert all({a.name: a.i for a in n.attribute}["do_rotary"] == 1 for n in attention)
@@ -248,5 +253,5 @@ def test_rotary_runs_inside_group_query_attention(tmp_path: Path) -> None:
     with torch.no_grad():
         ids = torch.tensor([prompt])
         ref = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
-    out = hybridrt.load(tmp_path / "out").generate(prompt, max_new_tokens=16, do_sample=False)
-    assert out == ref[0, len(prompt) :].tolist()
+    tokens = hybridrt.load(out).generate(prompt, max_new_tokens=16, do_sample=False)
+    assert tokens == ref[0, len(prompt) :].tolist()

@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import exports
 import numpy as np
 import pytest
 import torch
-from family_checkpoints import BUILDERS, SHARED_FAMILIES, family_checkpoint
+from family_checkpoints import BUILDERS
 
 import hybridrt
 from hybridrt.errors import UnsupportedArchitectureError
 from hybridrt.graphs.contract import past_specs
+from hybridrt.graphs.manifest import read_manifest
 from hybridrt.models.checkpoint import load_config, load_model
 from hybridrt.models.state import zero_states
 from hybridrt.quantization import quantize
@@ -179,9 +181,7 @@ def test_quantized_graph_stays_close_to_float(
     assert len(hybridrt.load(out).generate(_prompt(5), **GREEDY)) == GREEDY["max_new_tokens"]
 
 
-def test_every_layer_and_feed_forward_kind_is_tested_by_a_family(
-    family_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> None:
+def test_every_layer_and_feed_forward_kind_is_tested_by_a_family() -> None:
     """Each kind of the table (hybridrt.kinds) appears in some family of this suite, so a new
     kind cannot land without the exactness tests above running on it."""
     from hybridrt.kinds import FFN_KINDS, LAYER_KINDS
@@ -189,12 +189,7 @@ def test_every_layer_and_feed_forward_kind_is_tested_by_a_family(
     layers: set[str] = set()
     ffns: set[str] = set()
     for name in FAMILIES:
-        src = (
-            Path(request.getfixturevalue(f"{name}_dir"))
-            if name in SHARED_FAMILIES
-            else family_checkpoint(name, family_dirs, tmp_path_factory)
-        )
-        cfg = load_config(src)[0]
+        cfg = load_config(exports.checkpoint(BUILDERS[name]))[0]
         layers.update(cfg.layer_types)
         ffns.update(cfg.ffn_types)
     assert set(LAYER_KINDS) - layers == set()
@@ -215,11 +210,10 @@ def _with_config(src: Path, dst: Path, **changes: object) -> Path:
     ],
     ids=["unit-multipliers"],
 )
-def test_granite_variants_match_transformers(tmp_path: Path, overrides: dict[str, object]) -> None:
-    from family_checkpoints import make_granitemoehybrid
+def test_granite_variants_match_transformers(overrides: dict[str, object]) -> None:
     from transformers import AutoModelForCausalLM
 
-    ckpt = make_granitemoehybrid(tmp_path / "g", seed=1, **overrides)
+    ckpt = exports.checkpoint(BUILDERS["granitemoehybrid"], seed=1, **overrides)
     model, _ = load_model(ckpt)
     hf = AutoModelForCausalLM.from_pretrained(ckpt).eval()
     ids = torch.randint(3, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(4))
@@ -229,9 +223,9 @@ def test_granite_variants_match_transformers(tmp_path: Path, overrides: dict[str
     assert (logits - ref).abs().max().item() <= TOL
 
 
-def test_granite_released_layer_spelling(family_dirs: dict[str, Path], tmp_path_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_granite_released_layer_spelling(tmp_path: Path) -> None:
     """Released Granite 4.0 H files name the kinds "mamba"/"attention" in `layers_block_type`."""
-    src = family_checkpoint("granitemoehybrid", family_dirs, tmp_path_factory)
+    src = exports.checkpoint(BUILDERS["granitemoehybrid"])
     new, _, hf = load_config(src)
     spelled = {"linear_attention": "mamba", "full_attention": "attention"}
     old = _with_config(
@@ -273,24 +267,20 @@ def test_granite_released_layer_spelling(family_dirs: dict[str, Path], tmp_path_
         ("olmo_hybrid", "rope_parameters", {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0}),
     ],
 )
-def test_unsupported_variant_is_refused_by_field(  # type: ignore[no-untyped-def]
-    name: str, field: str, value: object, family_dirs: dict[str, Path], tmp_path_factory, tmp_path: Path
-) -> None:
-    bad = _with_config(family_checkpoint(name, family_dirs, tmp_path_factory), tmp_path / "bad", **{field: value})
+def test_unsupported_variant_is_refused_by_field(name: str, field: str, value: object, tmp_path: Path) -> None:
+    bad = _with_config(exports.checkpoint(BUILDERS[name]), tmp_path / "bad", **{field: value})
     with pytest.raises(UnsupportedArchitectureError, match=field):
         load_config(bad)
 
 
-def test_plain_op_mamba2_graph_bakes_in_no_chunk_count(
-    family_dirs: dict[str, Path], tmp_path_factory, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+def test_plain_op_mamba2_graph_bakes_in_no_chunk_count() -> None:
     """Regression: traced at one scan chunk, the plain-op SSD graph failed beyond 16 chunks
     (a size baked in for another that was equal at trace time)."""
     import onnx
 
-    src = family_checkpoint("mamba2", family_dirs, tmp_path_factory)
-    manifest = hybridrt.export_model(src, tmp_path / "out", fused_ops=False)
-    graph = onnx.load(str(tmp_path / "out" / "model.onnx"))
+    out = exports.export(BUILDERS["mamba2"], fused_ops=False, validate=True)
+    manifest = read_manifest(out)
+    graph = onnx.load(str(out / "model.onnx"))
     assert {n.domain for n in graph.graph.node} <= {"", "ai.onnx"}
     assert manifest.parity["passed"] is True and manifest.parity["max_abs_logits"] <= TOL
     assert [c["seq"] for c in manifest.parity["prompt"]] == [1, 7, 64, 300, 17]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import exports
 import pytest
 import torch
 from family_checkpoints import make_falcon_h1
@@ -40,7 +41,7 @@ UNIT = dict(
 def test_falcon_h1_variants_match_transformers(tmp_path: Path, overrides: dict[str, object]) -> None:
     from transformers import AutoModelForCausalLM
 
-    ckpt = make_falcon_h1(tmp_path / "f", seed=1, **overrides)
+    ckpt = exports.checkpoint(make_falcon_h1, seed=1, **overrides)
     model, _ = load_model(ckpt)
     hf = AutoModelForCausalLM.from_pretrained(ckpt).eval()
     ids = torch.randint(3, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(4))

@@ -4,13 +4,11 @@ recurrence and transformers' rule, padding as the identity step, the onnxruntime
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import exports
 import numpy as np
 import pytest
 import torch
 
-import hybridrt
 from hybridrt.models.delta_scan import gated_delta_scan
 
 TOL = 1e-4
@@ -111,15 +109,17 @@ def test_onnxruntime_gated_delta_node_equals_plain_ops(length: int) -> None:
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_export_routes_gated_delta_through_linear_attention(tmp_path: Path, fused: bool) -> None:
+def test_export_routes_gated_delta_through_linear_attention(fused: bool) -> None:
     """fused_ops: one LinearAttention gated_delta node per Gated DeltaNet layer; otherwise plain
     ONNX ops only. Both pass parity at every length."""
     import onnx
     from family_checkpoints import make_qwen3_next
 
-    ckpt = make_qwen3_next(tmp_path / "ckpt")
-    manifest = hybridrt.export_model(ckpt, tmp_path / "out", fused_ops=fused)
-    graph = onnx.load(str(tmp_path / "out" / "model.onnx"))
+    from hybridrt.graphs.manifest import read_manifest
+
+    out = exports.export(make_qwen3_next, fused_ops=fused, validate=True)
+    manifest = read_manifest(out)
+    graph = onnx.load(str(out / "model.onnx"))
     rules = [
         a.s.decode()
         for n in graph.graph.node

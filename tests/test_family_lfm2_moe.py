@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import exports
 import pytest
 import torch
 from family_checkpoints import make_lfm2_moe
@@ -32,7 +33,7 @@ def _logits(model, ids):  # type: ignore[no-untyped-def]
 def test_lfm2_moe_variants_match_transformers(tmp_path: Path, overrides: dict[str, object]) -> None:
     from transformers import AutoModelForCausalLM
 
-    ckpt = make_lfm2_moe(tmp_path / "m", seed=1, **overrides)
+    ckpt = exports.checkpoint(make_lfm2_moe, seed=1, **overrides)
     model, _ = load_model(ckpt)
     hf = AutoModelForCausalLM.from_pretrained(ckpt).eval()
     ids = torch.randint(3, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(4))
@@ -44,7 +45,7 @@ def test_lfm2_moe_variants_match_transformers(tmp_path: Path, overrides: dict[st
 def test_stacked_expert_weights_load_like_per_expert(tmp_path: Path) -> None:
     """transformers' in-memory layout (experts.gate_up_proj [E, 2f, d], experts.down_proj
     [E, d, f]) loads to the same model as the per-expert w1/w3/w2 files it saves."""
-    ckpt = make_lfm2_moe(tmp_path / "m")
+    ckpt = exports.checkpoint(make_lfm2_moe)
     tensors = load_file(str(ckpt / "model.safetensors"))
     stacked: dict[str, torch.Tensor] = {}
     experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}

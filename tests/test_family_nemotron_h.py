@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import exports
 import pytest
 import torch
 from family_checkpoints import make_nemotron_h
@@ -16,8 +17,8 @@ from hybridrt.models.checkpoint import load_config, load_model
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_nemotron_h(tmp_path_factory.mktemp("nemotron_h"))
+def ckpt() -> Path:
+    return exports.checkpoint(make_nemotron_h)
 
 
 def _pattern_config(src: Path, dst: Path, pattern: str) -> Path:
@@ -56,7 +57,7 @@ def test_unknown_pattern_letter_is_refused_by_field(ckpt: Path, tmp_path: Path) 
 def test_variants_match_transformers(tmp_path: Path, overrides: dict[str, object]) -> None:
     from transformers import AutoModelForCausalLM
 
-    ckpt = make_nemotron_h(tmp_path / "n", seed=1, **overrides)
+    ckpt = exports.checkpoint(make_nemotron_h, seed=1, **overrides)
     model, _ = load_model(ckpt)
     hf = AutoModelForCausalLM.from_pretrained(ckpt).eval()
     ids = torch.randint(3, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(4))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import exports
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -40,7 +41,7 @@ def _matches_transformers(ckpt: Path) -> None:
 def test_olmo_hybrid_variants_match_transformers(tmp_path: Path, overrides: dict[str, object]) -> None:
     from family_checkpoints import make_olmo_hybrid
 
-    ckpt = make_olmo_hybrid(tmp_path / "o", seed=1, **overrides)
+    ckpt = exports.checkpoint(make_olmo_hybrid, seed=1, **overrides)
     cfg = load_config(ckpt)[0]
     if "rope_parameters" in overrides:
         assert cfg.rope_theta is None and not cfg.uses_positions
@@ -51,15 +52,13 @@ def test_olmo_hybrid_variants_match_transformers(tmp_path: Path, overrides: dict
     _matches_transformers(ckpt)
 
 
-def test_olmo_hybrid_unconverted_layout_loads_the_same_model(
-    family_dirs: dict[str, Path], tmp_path_factory, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+def test_olmo_hybrid_unconverted_layout_loads_the_same_model(tmp_path: Path) -> None:
     """transformers writes OLMo-core's layout (one conv per q, k and v, `attention_layer_norm`);
     its in-memory names (one conv1d, `input_layernorm`) load to the same parameters: q, k and
     v are merged by the family's merges in either case."""
-    from family_checkpoints import family_checkpoint
+    from family_checkpoints import make_olmo_hybrid
 
-    src = family_checkpoint("olmo_hybrid", family_dirs, tmp_path_factory)
+    src = exports.checkpoint(make_olmo_hybrid)
     tensors = load_file(str(src / "model.safetensors"))
     assert "model.layers.0.linear_attn.q_conv1d.weight" in tensors
     other: dict[str, torch.Tensor] = {}

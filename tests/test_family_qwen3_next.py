@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import exports
 import pytest
 import torch
 
@@ -41,7 +42,7 @@ def test_qwen3_next_variants_match_transformers(
 ) -> None:
     from family_checkpoints import make_qwen3_next
 
-    ckpt = make_qwen3_next(tmp_path / "q", seed=1, **overrides)
+    ckpt = exports.checkpoint(make_qwen3_next, seed=1, **overrides)
     if ffn is not None:
         assert load_config(ckpt)[0].ffn_types == ffn
     _matches_transformers(ckpt)
@@ -51,7 +52,7 @@ def test_qwen3_5_default_layer_pattern_matches_transformers(tmp_path: Path) -> N
     """No layer_types: every fourth layer is full attention (`full_attention_interval`)."""
     from family_checkpoints import make_qwen3_5
 
-    ckpt = make_qwen3_5(tmp_path / "q", seed=2, layer_types=None, num_hidden_layers=4)
+    ckpt = exports.checkpoint(make_qwen3_5, seed=2, layer_types=None, num_hidden_layers=4)
     assert load_config(ckpt)[0].layer_types == ("gated_delta",) * 3 + ("attention",)
     _matches_transformers(ckpt)
 
@@ -63,7 +64,7 @@ def test_qwen3_next_per_expert_tensors_load(tmp_path: Path) -> None:
     from family_checkpoints import make_qwen3_next
     from safetensors.torch import load_file, save_file
 
-    src = make_qwen3_next(tmp_path / "q", seed=3)
+    src = exports.checkpoint(make_qwen3_next, seed=3)
     dst = tmp_path / "split"
     shutil.copytree(src, dst)
     tensors = load_file(str(src / "model.safetensors"))

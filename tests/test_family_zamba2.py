@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import exports
 import pytest
 import torch
 from family_checkpoints import make_zamba2
@@ -33,7 +34,7 @@ def _transformers(ckpt: Path, ids: torch.Tensor) -> torch.Tensor:
 def test_dt_clamp_at_time_step_min(tmp_path: Path) -> None:
     """With transformers' dt init many dt fall under time_step_min: the reference clamps them
     as transformers' scan does, and without the clamp the logits would differ."""
-    ckpt = make_zamba2(tmp_path / "z", dt_bias=None, initializer_range=0.2, time_step_min=0.01)
+    ckpt = exports.checkpoint(make_zamba2, dt_bias=None, initializer_range=0.2, time_step_min=0.01)
     model, _ = load_model(ckpt)
     ids = torch.randint(3, model.config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(5))
     ours = _logits(model, ids)
@@ -60,7 +61,7 @@ def test_dt_clamp_at_time_step_min(tmp_path: Path) -> None:
     ids=["one-block-gqa-no-adapter-nope", "more-blocks-than-hybrid-layers", "three-blocks-bias-silu"],
 )
 def test_variants_match_transformers(tmp_path: Path, overrides: dict[str, object]) -> None:
-    ckpt = make_zamba2(tmp_path / "z", seed=1, **overrides)
+    ckpt = exports.checkpoint(make_zamba2, seed=1, **overrides)
     model, _ = load_model(ckpt)
     ids = torch.randint(3, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(4))
     assert (_logits(model, ids) - _transformers(ckpt, ids)).abs().max().item() <= TOL
@@ -69,7 +70,7 @@ def test_variants_match_transformers(tmp_path: Path, overrides: dict[str, object
 def test_shared_blocks_are_held_once(tmp_path: Path) -> None:
     """Three hybrid layers over two blocks: each shared weight has one name under
     model.shared, the first and third hybrid layers use the same block, adapters are per layer."""
-    model, _ = load_model(make_zamba2(tmp_path / "z"))
+    model, _ = load_model(exports.checkpoint(make_zamba2))
     names = list(model.state_dict())
     assert not any(".mixer._block" in n for n in names)
     assert {n.split(".")[3] for n in names if n.startswith("model.shared.blocks.")} == {"0", "1"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import exports
 import numpy as np
 import onnx
 import pytest
@@ -21,15 +22,11 @@ SMALL = {"agreement_prompts": 4, "eval_tokens": 192, "eval_window": 128}
 
 
 @pytest.fixture(scope="module", params=["jamba", "llama"])
-def pair(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, text_file: Path
-) -> tuple[Path, Path]:
+def pair(request: pytest.FixtureRequest, text_file: Path) -> tuple[Path, Path]:
     """(float directory, its float16 conversion): jamba has Mamba1 scans, conv states and
     attention; llama attention only."""
     src = request.getfixturevalue(f"{request.param}_onnx")
-    out = tmp_path_factory.mktemp("float16") / "m"
-    quantize(src, out, "float16", eval_text=text_file, **SMALL)
-    return src, out
+    return src, exports.quantized(src, "float16", eval_text=text_file, **SMALL)
 
 
 def _types(graph: onnx.GraphProto) -> dict[str, int]:

@@ -7,8 +7,10 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+import exports
 import onnx
 import pytest
+from checkpoints import make_jamba
 from onnx import TensorProto
 
 import hybridrt
@@ -30,10 +32,8 @@ def _layer_norms(n_layers: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def unfused_onnx(jamba_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("jamba-unfused") / "model"
-    hybridrt.export_model(jamba_dir, out, fuse_norms=False)
-    return out
+def unfused_onnx() -> Path:
+    return exports.export(make_jamba, fuse_norms=False, validate=True)
 
 
 def test_every_decoder_norm_is_fused_with_its_residual_add(jamba_onnx: Path) -> None:
@@ -84,11 +84,12 @@ def test_fused_and_unfused_graphs_generate_the_same_tokens(jamba_onnx: Path, unf
     assert a == b
 
 
-def test_plain_ops_export_has_no_onnxruntime_operators(jamba_dir: Path, tmp_path: Path) -> None:
+def test_plain_ops_export_has_no_onnxruntime_operators() -> None:
     """--plain-ops: no fused norms either (SimplifiedLayerNormalization is onnxruntime's, though
     registered in the default domain)."""
-    manifest = hybridrt.export_model(jamba_dir, tmp_path / "out", fused_ops=False, validate=False)
-    graph = _graph(tmp_path / "out")
+    out = exports.export(make_jamba, fused_ops=False, validate=True)
+    manifest = read_manifest(out)
+    graph = _graph(out)
     assert {n.domain for n in graph.graph.node} <= {"", "ai.onnx"}
     assert not {n.op_type for n in graph.graph.node} & set(FUSED)
     assert {o.domain for o in graph.opset_import} <= {"", "ai.onnx"}

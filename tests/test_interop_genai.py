@@ -5,7 +5,6 @@ Each supported family's tiny checkpoint is exported once with hybridrt's own lay
 reference tokens come from `hybridrt.load(...).generate` on it, and the genai directory is
 written around that same graph (`genai_layout.convert`), so the two runtimes run one graph.
 One family also goes through the public path, `export_model(..., layout="onnxruntime-genai")`.
-Skipped, saying why, where onnxruntime_genai cannot be imported.
 """
 
 from __future__ import annotations
@@ -15,9 +14,11 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import exports
 import family_checkpoints
 import numpy as np
 import onnx
+import onnxruntime_genai as og
 import pytest
 import toy_kind
 from checkpoints import make_jamba, make_llama
@@ -27,10 +28,6 @@ import hybridrt
 from hybridrt.errors import ExportError
 from hybridrt.export.genai_layout import convert
 from hybridrt.export.layout_files import PADDED_ROWS
-
-og = pytest.importorskip(
-    "onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install onnxruntime-genai)"
-)
 
 TEXT = "def fibonacci(n):\n    a, b = 0, 1"
 NEW = 12
@@ -57,16 +54,15 @@ RUNTIME_TYPES = {
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    """Per family: hybridrt's own export of its tiny checkpoint (the checkpoint in
-    own.parent / "src") and genai's layout around it."""
+def layouts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """Per family: hybridrt's own export of its tiny checkpoint (the family suite's, from
+    tests/exports.py) and genai's layout around it."""
     done = {}
     for name, make in FAMILIES.items():
-        root = tmp_path_factory.mktemp(name)
-        own = root / "own"
-        hybridrt.export_model(make(root / "src"), own)
-        convert(own, root / "genai")
-        done[name] = (own, root / "genai")
+        own = exports.export(make)
+        genai = tmp_path_factory.mktemp(name) / "genai"
+        convert(own, genai)
+        done[name] = (own, genai)
     return done
 
 
@@ -97,10 +93,10 @@ def _hybridrt_greedy(directory: Path, prompt: list[int], new: int) -> list[int]:
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_genai_greedy_tokens_match_hybridrt(family: str, exports: dict[str, tuple[Path, Path]]) -> None:
+def test_genai_greedy_tokens_match_hybridrt(family: str, layouts: dict[str, tuple[Path, Path]]) -> None:
     """onnxruntime-genai (og.Model, og.Tokenizer, og.Generator, greedy) on the layout generates
     the tokens hybridrt's runtime generates on the same graph, from the same prompt ids."""
-    own, genai = exports[family]
+    own, genai = layouts[family]
     prompt = [int(t) for t in og.Tokenizer(og.Model(str(genai))).encode(TEXT)]
     assert prompt == hybridrt.load(own).prompt_rows(TEXT, add_special_tokens=False).rows[0]
     want = _hybridrt_greedy(own, prompt, NEW)
@@ -136,8 +132,9 @@ def test_genai_runs_every_other_family(family: str, tmp_path: Path) -> None:
     """The families not above, each exported without the parity check (the family suites
     check it): genai's greedy tokens equal hybridrt's on the same graph."""
     make, overrides = OTHER_FAMILIES[family]
-    own = tmp_path / "own"
-    hybridrt.export_model(make(tmp_path / "src", **overrides), own, validate=False)
+    own = (
+        exports.export(make) if not overrides else exports.export(exports.checkpoint(make, **overrides), validate=False)
+    )
     convert(own, tmp_path / "genai")
     prompt = [int(t) for t in og.Tokenizer(og.Model(str(tmp_path / "genai"))).encode(TEXT)]
     want = _hybridrt_greedy(own, prompt, NEW)
@@ -146,10 +143,10 @@ def test_genai_runs_every_other_family(family: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_genai_config_from_the_contract(family: str, exports: dict[str, tuple[Path, Path]]) -> None:
+def test_genai_config_from_the_contract(family: str, layouts: dict[str, tuple[Path, Path]]) -> None:
     """genai_config.json names the runtime class the layer kinds need, every state the graph
     takes under the names genai binds, and the graph's sizes; the KV is one shared buffer."""
-    own, genai = exports[family]
+    own, genai = layouts[family]
     manifest = hybridrt.load(own).manifest
     config = json.loads((genai / "genai_config.json").read_text())
     model = onnx.load(str(genai / "model.onnx"), load_external_data=False)
@@ -182,10 +179,10 @@ def test_genai_config_from_the_contract(family: str, exports: dict[str, tuple[Pa
     assert logits.type.tensor_type.shape.dim[1].dim_value == 1  # genai's "pruned" logits: the last position
 
 
-def test_genai_metadata_describes_each_state(exports: dict[str, tuple[Path, Path]]) -> None:
+def test_genai_metadata_describes_each_state(layouts: dict[str, tuple[Path, Path]]) -> None:
     """metadata_props pairs each state input with its output, with its kind, hybridrt's name
     and its reset value."""
-    _, genai = exports["qwen3_5"]
+    _, genai = layouts["qwen3_5"]
     model = onnx.load(str(genai / "model.onnx"), load_external_data=False)
     meta = {p.key: p.value for p in model.metadata_props}
     assert meta["hybridrt.layout"] == "onnxruntime-genai"
@@ -204,12 +201,12 @@ def test_genai_metadata_describes_each_state(exports: dict[str, tuple[Path, Path
     assert states["past_key_values.1.key"]["dims"][2] == "max_length"
 
 
-def test_genai_export_layout_public_path(exports: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
+def test_genai_export_layout_public_path(layouts: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
     """`export_model(..., layout="onnxruntime-genai")` writes the directory genai runs: its greedy
     tokens equal hybridrt's on hybridrt's own export of the same checkpoint."""
-    own, _ = exports["lfm2"]
+    own, _ = layouts["lfm2"]
     out = tmp_path / "genai"
-    hybridrt.export_model(own.parent / "src", out, layout="onnxruntime-genai")
+    hybridrt.export_model(exports.checkpoint(make_lfm2), out, layout="onnxruntime-genai")
     assert sorted(p.name for p in out.iterdir()) == [
         "genai_config.json",
         "generation_config.json",
@@ -222,18 +219,17 @@ def test_genai_export_layout_public_path(exports: dict[str, tuple[Path, Path]], 
     assert _genai_greedy(out, prompt, NEW) == _hybridrt_greedy(own, prompt, NEW)
 
 
-def test_genai_layout_int4(exports: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
+def test_genai_layout_int4(tmp_path: Path) -> None:
     """`--layout onnxruntime-genai --quantize int4` (hybridrt's direct quantization: MatMulNBits)
     runs in genai with the tokens hybridrt's runtime gives on its own int4 export of the same
     checkpoint."""
-    own, _ = exports["lfm2"]
-    src = own.parent / "src"
+    src = exports.checkpoint(make_lfm2)
     hybridrt.export_model(src, tmp_path / "genai", layout="onnxruntime-genai", quantize="int4")
-    hybridrt.export_model(src, tmp_path / "int4", quantize="int4")
+    int4 = exports.export(src, quantize="int4", validate=False)
     model = onnx.load(str(tmp_path / "genai" / "model.onnx"), load_external_data=False)
     assert any(n.op_type == "MatMulNBits" for n in model.graph.node)
     prompt = [1, 5, 7, 9, 11, 40, 3]
-    assert _genai_greedy(tmp_path / "genai", prompt, NEW) == _hybridrt_greedy(tmp_path / "int4", prompt, NEW)
+    assert _genai_greedy(tmp_path / "genai", prompt, NEW) == _hybridrt_greedy(int4, prompt, NEW)
 
 
 def test_genai_refuses_a_state_it_cannot_bind(toy_registered: None, tmp_path: Path) -> None:
@@ -249,7 +245,7 @@ def test_genai_layout_refuses_torch_formats(tmp_path: Path) -> None:
     """The layout is an ONNX directory: --format torchscript is a typed error, before any work."""
     with pytest.raises(ExportError, match="--format onnx"):
         hybridrt.export_model(
-            make_lfm2(tmp_path / "src"), tmp_path / "ts", layout="onnxruntime-genai", format="torchscript"
+            exports.checkpoint(make_lfm2), tmp_path / "ts", layout="onnxruntime-genai", format="torchscript"
         )
     assert not (tmp_path / "ts").exists()
 
@@ -264,10 +260,10 @@ def _pad_token_id(genai: Path) -> int:
     return int(json.loads((genai / "genai_config.json").read_text())["model"]["pad_token_id"])
 
 
-def test_genai_batch_of_equal_rows_matches_each_alone(exports: dict[str, tuple[Path, Path]]) -> None:
+def test_genai_batch_of_equal_rows_matches_each_alone(layouts: dict[str, tuple[Path, Path]]) -> None:
     """A batch of two prompts of one length (attention + Mamba2) in genai gives each row the
     greedy tokens hybridrt gives it alone."""
-    own, genai = exports[BATCH_FAMILY]
+    own, genai = layouts[BATCH_FAMILY]
     rows = [LONG[: len(SHORT)], SHORT]
     want = [_hybridrt_greedy(own, row, NEW) for row in rows]
     assert want[0] != want[1]
@@ -275,21 +271,21 @@ def test_genai_batch_of_equal_rows_matches_each_alone(exports: dict[str, tuple[P
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_genai_padded_batch_is_refused(exports: dict[str, tuple[Path, Path]], side: str) -> None:
+def test_genai_padded_batch_is_refused(layouts: dict[str, tuple[Path, Path]], side: str) -> None:
     """A batch whose shorter prompt is padded with the pad token (genai passes a mask of ones;
     its tokenizer's encode_batch pads on the right) fails with PADDED_ROWS: the graph reads no
     mask. Regression: the pads used to be attended to and folded into the Mamba2 states, so
     the padded row's tokens were not those it gets alone."""
-    _, genai = exports[BATCH_FAMILY]
+    _, genai = layouts[BATCH_FAMILY]
     pad = [_pad_token_id(genai)] * (len(LONG) - len(SHORT))
     short = pad + SHORT if side == "left" else SHORT + pad
     with pytest.raises(RuntimeError, match=re.escape(PADDED_ROWS)):
         _genai_batch(genai, [LONG, short], NEW)
 
 
-def test_genai_one_row_starting_with_the_pad_token_runs(exports: dict[str, tuple[Path, Path]]) -> None:
+def test_genai_one_row_starting_with_the_pad_token_runs(layouts: dict[str, tuple[Path, Path]]) -> None:
     """A prompt of one row is never padded: one starting with the pad token runs as hybridrt
     runs it."""
-    own, genai = exports[BATCH_FAMILY]
+    own, genai = layouts[BATCH_FAMILY]
     prompt = [_pad_token_id(genai), *SHORT[1:]]
     assert _genai_greedy(genai, prompt, NEW) == _hybridrt_greedy(own, prompt, NEW)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import exports
 import onnx
 import pytest
 from checkpoints import make_llama
@@ -138,16 +139,13 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Pa
     """(checkpoint, hybridrt's own export with standard operators, the transformers.js layout
     around it) of a family, float or quantized by a --quantize mode; each built once."""
     done: dict[tuple[str, str | None], tuple[Path, Path, Path]] = {}
-    sources: dict[str, Path] = {}
 
     def get(name: str, quantize: str | None = None) -> tuple[Path, Path, Path]:
         if (name, quantize) not in done:
-            if name not in sources:
-                sources[name] = FAMILIES[name][0](tmp_path_factory.mktemp(f"{name}-src"))
-            root = tmp_path_factory.mktemp(f"{name}-{quantize or 'fp32'}")
-            own = root / "own"
-            hybridrt.export_model(sources[name], own, validate=False, fused_ops=False, quantize=quantize)
-            done[name, quantize] = (sources[name], own, convert_transformers_js(sources[name], own, root / "tjs"))
+            src = exports.checkpoint(FAMILIES[name][0])
+            own = exports.export(src, validate=False, fused_ops=False, quantize=quantize)
+            tjs = tmp_path_factory.mktemp(f"{name}-{quantize or 'fp32'}") / "tjs"
+            done[name, quantize] = (src, own, convert_transformers_js(src, own, tjs))
         return done[name, quantize]
 
     return get
@@ -373,7 +371,7 @@ def test_tjs_metadata_describes_each_state(lfm2_tjs: Path) -> None:
 def test_tjs_unsupported_family_is_a_typed_error(tmp_path: Path) -> None:
     """A family transformers.js does not run is refused before any work, naming the runtime,
     the model type and why."""
-    src = make_mamba2(tmp_path / "mamba2")
+    src = exports.checkpoint(make_mamba2)
     with pytest.raises(ExportError, match=r"transformers\.js.*'mamba2'.*no causal LM"):
         hybridrt.export_model(src, tmp_path / "out", layout="transformers-js")
     assert not (tmp_path / "out").exists()
@@ -381,7 +379,7 @@ def test_tjs_unsupported_family_is_a_typed_error(tmp_path: Path) -> None:
 
 def test_tjs_layout_refuses_torch_formats(tmp_path: Path) -> None:
     """The transformers-js layout is an ONNX directory; other requests are typed errors."""
-    src = make_lfm2(tmp_path / "src")
+    src = exports.checkpoint(make_lfm2)
     with pytest.raises(ExportError, match="--format onnx"):
         hybridrt.export_model(src, tmp_path / "ts", layout="transformers-js", format="torchscript")
     with pytest.raises(ExportError, match="unknown layout"):

@@ -4,8 +4,7 @@ follows. Proven with a toy kind and family that live in the tests, not in the pa
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import exports
 import numpy as np
 import pytest
 import toy_kind
@@ -13,6 +12,7 @@ import toy_kind
 import hybridrt
 from hybridrt.config import HybridConfig
 from hybridrt.graphs.contract import input_specs, output_specs, past_specs
+from hybridrt.graphs.manifest import read_manifest
 from hybridrt.kinds import CAPACITY, FFN_KINDS, KEY, LAYER_KINDS, layer_kind
 
 
@@ -43,14 +43,14 @@ def test_contract_follows_the_table(toy_registered: None) -> None:
     assert "past.0.ema" in [s.name for s in input_specs(cfg)]
 
 
-def test_toy_kind_exports_and_runs_end_to_end(toy_registered: None, tmp_path: Path) -> None:
+def test_toy_kind_exports_and_runs_end_to_end(toy_registered: None) -> None:
     """Registered from outside: the model builds, exports with passing parity (1 to 300
     tokens), and the runtime allocates its state from the manifest and decodes."""
-    src = toy_kind.make_toy(tmp_path / "toy")
-    manifest = hybridrt.export_model(src, tmp_path / "onnx")
+    out = exports.export(toy_kind.make_toy, validate=True)
+    manifest = read_manifest(out)
     assert manifest.parity["passed"] is True and manifest.parity["max_abs_logits"] <= 1e-4
     assert "past.0.ema" in [s.name for s in manifest.inputs]
-    model = hybridrt.load(tmp_path / "onnx")
+    model = hybridrt.load(out)
     prompts = [np.arange(3, 3 + n).tolist() for n in (2, 9)]
     batch = model.generate(prompts, max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert batch == [model.generate(p, max_new_tokens=8, min_new_tokens=8, do_sample=False) for p in prompts]

@@ -10,12 +10,11 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate as kv
 import pytest
+import yaml
 
 from hybridrt.cli import build_parser
-
-kv = pytest.importorskip("kubernetes_validate", reason="needs kubernetes-validate (the dev extra)")
-yaml = pytest.importorskip("yaml")
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 KUBE = DEPLOY / "kubernetes"
@@ -102,7 +101,6 @@ def test_autoscalers_target_the_deployment_and_real_metrics() -> None:
     [cpu] = docs["hpa.yaml"]["spec"]["metrics"]
     assert cpu["resource"]["name"] == "cpu" and cpu["resource"]["target"]["type"] == "Utilization"
     [queue] = docs["hpa-queue-depth.yaml"]["spec"]["metrics"]
-    pytest.importorskip("prometheus_client")
     from hybridrt.serve.metrics import Metrics
 
     gauges = {m.name for m in Metrics().registry.collect()}

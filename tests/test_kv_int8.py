@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import exports
 import numpy as np
 import onnx
 import pytest
+from checkpoints import make_llama
 
 import hybridrt
 from hybridrt.cli import main
@@ -143,11 +145,10 @@ def test_int8_cache_needs_calibration_text(llama_onnx: Path, text_file: Path, tm
     assert not any((tmp_path / d).exists() for d in "abc")
 
 
-def test_plain_operator_attention_is_refused_by_layer(llama_dir: Path, text_file: Path, tmp_path: Path) -> None:
+def test_plain_operator_attention_is_refused_by_layer(text_file: Path, tmp_path: Path) -> None:
     """A graph whose attention is plain operators (--plain-ops) has no quantized cache to use:
     refused, naming the layer, with nothing written."""
-    plain = tmp_path / "plain"
-    hybridrt.export_model(llama_dir, plain, fused_ops=False, validate=False)
+    plain = exports.export(make_llama, fused_ops=False, validate=False)
     with pytest.raises(QuantizationError, match="layer 0's attention is not one GroupQueryAttention"):
         quantize(plain, tmp_path / "out", "none", calibration=[text_file], kv_dtype="int8", **SMALL)
     assert not (tmp_path / "out").exists()

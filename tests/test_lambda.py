@@ -190,8 +190,8 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 def test_response_format_is_decoded_under_its_grammar() -> None:
     """json_schema (greedy and sampled, n=2) and json_object, on chat and completions: the text
     is JSON valid against the schema, as `hybridrt serve` gives it."""
-    pytest.importorskip("llguidance")
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema
+
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
     for temperature in (0, 1.0):
         body = CHAT | {"max_tokens": 120, "temperature": temperature, "seed": 2, "n": 2, "response_format": fmt}
@@ -215,9 +215,8 @@ def test_forced_tool_calls_are_the_servers(default_onnx: Path, monkeypatch: pyte
     `hybridrt serve` makes; streamed, a first delta with the name and empty arguments, then
     the arguments, which join into the non-streamed ones. (The default model: the tool prompt
     does not fit the tiny model's 512 positions.)"""
-    pytest.importorskip("llguidance")
-    jsonschema = pytest.importorskip("jsonschema")
     import httpx
+    import jsonschema
     from serving import running as serving
 
     monkeypatch.setenv("HYBRIDRT_MODEL", str(default_onnx))

@@ -3,9 +3,7 @@ through, computes what the chunked reference scan computes, gradients included."
 
 from __future__ import annotations
 
-import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 from hybridrt.default_model import CHECKPOINT_DIR  # noqa: E402
 from hybridrt.models.checkpoint import load_model  # noqa: E402

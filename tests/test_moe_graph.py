@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import exports
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -22,15 +23,13 @@ GREEDY = dict(max_new_tokens=12, do_sample=False)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_granitemoehybrid(tmp_path_factory.mktemp("moe") / "hf", **MOE)
+def checkpoint() -> Path:
+    return exports.checkpoint(make_granitemoehybrid, **MOE)
 
 
 @pytest.fixture(scope="module")
-def exported(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("moe-onnx") / "float"
-    hybridrt.export_model(checkpoint, out)
-    return out
+def exported(checkpoint: Path) -> Path:
+    return exports.export(checkpoint, validate=True)
 
 
 def _nodes(directory: Path, op_type: str) -> list[onnx.NodeProto]:
@@ -173,7 +172,7 @@ def test_direct_export_equals_export_then_quantize(
 def test_experts_no_block_divides_stay_float_with_the_reason(tmp_path: Path) -> None:
     """Experts 24 wide: no power-of-two block of 16 or more divides 24, so the layer keeps its
     float MoE node and the manifest says why, instead of a QMoE onnxruntime would refuse."""
-    src = make_granitemoehybrid(tmp_path / "hf", intermediate_size=24)
+    src = exports.checkpoint(make_granitemoehybrid, intermediate_size=24)
     manifest = hybridrt.export_model(src, tmp_path / "q", quantize="int4", validate=False)
     assert manifest.quantization is not None
     reasons = {k: v for k, v in manifest.quantization["excluded"].items() if k.endswith("/MoE")}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import exports
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -14,7 +15,6 @@ import pytest
 from family_checkpoints import make_granitemoehybrid_dense
 from onnx import TensorProto, helper, numpy_helper
 
-import hybridrt
 from hybridrt.export.fuse import fold_scales
 from hybridrt.graphs.manifest import read_manifest
 from hybridrt.quantization import quantize
@@ -95,11 +95,8 @@ def test_a_product_an_if_branch_reads_is_left_alone() -> None:
 
 
 @pytest.fixture(scope="module")
-def granite_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    ckpt = make_granitemoehybrid_dense(tmp_path_factory.mktemp("granite-dense"))
-    out = tmp_path_factory.mktemp("granite-dense-onnx") / "model"
-    hybridrt.export_model(ckpt, out)
-    return out
+def granite_onnx() -> Path:
+    return exports.export(make_granitemoehybrid_dense, validate=True)
 
 
 def _scaled_projections(model: onnx.ModelProto) -> list[str]:

@@ -8,6 +8,7 @@ import math
 import shutil
 from pathlib import Path
 
+import exports
 import numpy as np
 import onnx
 import pytest
@@ -43,13 +44,10 @@ MODES = [
 
 
 @pytest.fixture(scope="module", params=MODES, ids=lambda m: f"{m[0]}-{m[1]}" if m[1] else m[0])
-def quantized(
-    request: pytest.FixtureRequest, jamba_onnx: Path, text_file: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, str, str | None, str]:
+def quantized(request: pytest.FixtureRequest, jamba_onnx: Path, text_file: Path) -> tuple[Path, str, str | None, str]:
     """(directory, mode, algo, the operator the mode writes): each mode quantized once."""
     mode, algo, op_type = request.param
-    out = tmp_path_factory.mktemp("quantized") / "q"
-    quantize(jamba_onnx, out, mode, calibration=[text_file], **SMALL | ({"algo": algo} if algo else {}))
+    out = exports.quantized(jamba_onnx, mode, calibration=[text_file], **SMALL | ({"algo": algo} if algo else {}))
     return out, mode, algo, op_type
 
 
@@ -327,18 +325,15 @@ def test_tied_model_end_to_end(text_file: Path, tmp_path: Path) -> None:
     """A tied checkpoint exported and quantized: one 4-bit table, a fifth of the float bytes."""
     from checkpoints import make_llama
 
-    from hybridrt.export import export
-
-    src = make_llama(tmp_path / "ckpt", tie_word_embeddings=True)
-    export(src, tmp_path / "onnx")
+    parent = exports.export(exports.checkpoint(make_llama, tie_word_embeddings=True), validate=True)
     # The float graph reads the one table transposed (no Transpose that a session would fold
     # into a second, transposed copy of the table).
-    graph = onnx.load(tmp_path / "onnx" / "model.onnx", load_external_data=False).graph
+    graph = onnx.load(parent / "model.onnx", load_external_data=False).graph
     head = next(n for n in graph.node if n.name == "/lm_head/MatMul")
     assert (head.op_type, head.input[1]) == ("FusedMatMul", "model.embed_tokens.weight")
     assert not any(n.op_type == "Transpose" and "model.embed_tokens.weight" in n.input for n in graph.node)
     out = tmp_path / "q"
-    quantize(tmp_path / "onnx", out, "int4", calibration=[text_file], vocab_bits=4, **SMALL)
+    quantize(parent, out, "int4", calibration=[text_file], vocab_bits=4, **SMALL)
     q = read_manifest(out).quantization
     assert q is not None and q["vocab"]["tied"] and q["vocab"]["shared"]
     assert q["vocab"]["bytes"] < q["vocab"]["parent_bytes"] / 5

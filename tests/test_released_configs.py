@@ -96,7 +96,8 @@ def _ours(cfg: HybridConfig) -> dict[str, Any]:
 
 def _transformers(ckpt: Path, moe: bool) -> dict[str, Any]:
     """The same summary as transformers derives it from the directory (offline: a local path)."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     top = transformers.AutoConfig.from_pretrained(ckpt)
     text = top.get_text_config()
     # a config without layer_types (plain Mamba) has one mixer, recurrent, in every layer
@@ -189,7 +190,6 @@ def _tiny_granite(position_embedding_type: str | None) -> dict[str, Any]:
 def test_granite_position_embedding_type_as_transformers_reads_it(positions: str | None, tmp_path: Path) -> None:
     """The Granite 4.0 H files say "nope": no rotary embedding, as transformers builds none for
     anything but "rope"."""
-    pytest.importorskip("transformers")
     from transformers import AutoConfig, GraniteMoeHybridModel
 
     ckpt = _checkpoint(tmp_path, _tiny_granite(positions))
@@ -200,7 +200,6 @@ def test_granite_position_embedding_type_as_transformers_reads_it(positions: str
 
 
 def test_granite_unknown_position_embedding_type_is_refused_by_field(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
     ckpt = _checkpoint(tmp_path, _tiny_granite(None) | {"position_embedding_type": "alibi"})
     with pytest.raises(UnsupportedArchitectureError, match="position_embedding_type.*'alibi'"):
         load_config(ckpt)
@@ -236,7 +235,8 @@ def test_nemotron_h_layer_list_spellings(stem: str, field: str, legacy: bool, tm
 
 
 def test_nemotron_h_mamba_prefixed_names_win_as_in_transformers(tmp_path: Path) -> None:
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     data = _released("nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")
     data |= {"mamba_n_groups": 4, "mamba_d_conv": 3, "mamba_conv_bias": False, "mamba_dt_min": 0.002}
     ckpt = _checkpoint(tmp_path, data)
@@ -266,7 +266,6 @@ def test_lfm2_released_spellings_as_transformers_reads_them(changes: dict[str, A
     """The first LFM2 files spell intermediate_size `block_ff_dim`, tie_word_embeddings
     `tie_embedding` and the layer kinds `full_attn_idxs`; transformers takes the first two over
     the new names when a file has both."""
-    pytest.importorskip("transformers")
     from transformers import AutoConfig, Lfm2Config
     from transformers.models.lfm2.modeling_lfm2 import Lfm2MLP
 
@@ -290,7 +289,6 @@ def test_lfm2_released_spellings_as_transformers_reads_them(changes: dict[str, A
 
 def test_zamba2_layer_types_spelling(tmp_path: Path) -> None:
     """transformers reads `layer_types` as Zamba2's `layers_block_type`."""
-    pytest.importorskip("transformers")
     from transformers import Zamba2Config
 
     blocks = ["mamba", "hybrid", "mamba", "mamba", "hybrid"]

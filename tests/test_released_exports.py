@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import exports
 import numpy as np
 import pytest
 import torch
@@ -232,6 +233,10 @@ def _build(data: dict[str, Any], directory: Path) -> Path:
     return _save(model, directory)
 
 
+def _build_reduced(directory: Path, data: dict[str, Any]) -> Path:
+    return _build(data, directory)
+
+
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_reduced_release_exports_and_matches_transformers(path: Path, tmp_path: Path) -> None:
     """The reduced copy has every layer and feed-forward kind of the release; the graph's
@@ -239,7 +244,7 @@ def test_reduced_release_exports_and_matches_transformers(path: Path, tmp_path: 
     carries), and so do hybridrt's PyTorch reference's, which localizes a mismatch."""
     from transformers import AutoModelForCausalLM
 
-    ckpt = _build(reduced(json.loads(path.read_text())), tmp_path / "ckpt")
+    ckpt = exports.checkpoint(_build_reduced, data=reduced(json.loads(path.read_text())))
     (tmp_path / "released").mkdir()
     shutil.copyfile(path, tmp_path / "released" / "config.json")
     small, full = load_config(ckpt)[0], load_config(tmp_path / "released")[0]
@@ -251,8 +256,7 @@ def test_reduced_release_exports_and_matches_transformers(path: Path, tmp_path: 
         logits, _ = load_model(ckpt)[0](ids)
     assert (logits - ref).abs().max().item() <= TOL
 
-    hybridrt.export_model(ckpt, tmp_path / "onnx", validate=False)
-    stepper = hybridrt.load(tmp_path / "onnx").stepper(2, PROMPT + STEPS)
+    stepper = hybridrt.load(exports.export(ckpt, validate=False)).stepper(2, PROMPT + STEPS)
     steps = [np.array(stepper.forward(ids[:, :PROMPT].numpy(), all_logits=True))]
     for t in range(PROMPT, PROMPT + STEPS):  # copies: a bound stepper reuses its output buffer
         steps.append(np.array(stepper.forward(ids[:, t : t + 1].numpy(), all_logits=True)))

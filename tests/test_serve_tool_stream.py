@@ -157,7 +157,6 @@ def test_lfm2_markers_are_special_tokens_seen_by_the_parser_only(tmp_path: Path)
 
 @pytest.fixture(scope="module")
 def server(default_onnx: Path) -> Iterator[Running]:
-    pytest.importorskip("llguidance")
     with running(hybridrt.load(default_onnx), slots=2) as s:
         yield s
 
@@ -206,7 +205,7 @@ def test_openai_client_reassembles_streamed_calls(server: Running) -> None:
     """The openai package's stream helper (chat.completions.stream) and its delta accumulator
     rebuild the calls: arguments deltas, a done event with the parsed arguments, and the final
     message equal to the non-streamed one."""
-    openai = pytest.importorskip("openai")
+    import openai
     from openai.lib.streaming.chat import ChatCompletionStreamState
     from pydantic import BaseModel, Field
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import exports
 import onnx
 import pytest
 import torch
@@ -42,21 +43,21 @@ def _as_released(src: Path, dst: Path, dtype: torch.dtype = torch.bfloat16, shar
     return dst
 
 
-@pytest.fixture(scope="module")
-def granite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _released_granite(directory: Path) -> Path:
     """Granite 4.0 H with six layers: a first Mamba2 layer, then Mamba2 and attention layers
-    that repeat, so several layers share each traced template."""
-    root = tmp_path_factory.mktemp("granite")
+    that repeat, so several layers share each traced template; in bf16 shards."""
     kinds = ["linear_attention", "linear_attention", "full_attention"] * 2
-    src = make_granitemoehybrid(root / "f32", num_hidden_layers=6, layer_types=kinds)
-    return _as_released(src, root / "bf16")
+    return _as_released(exports.checkpoint(make_granitemoehybrid, num_hidden_layers=6, layer_types=kinds), directory)
 
 
 @pytest.fixture(scope="module")
-def exported(granite: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("onnx") / "float"
-    export(granite, out)
-    return out
+def granite() -> Path:
+    return exports.checkpoint(_released_granite)
+
+
+@pytest.fixture(scope="module")
+def exported(granite: Path) -> Path:
+    return exports.export(granite, validate=True)
 
 
 def test_sharded_bf16_checkpoint_exports_with_parity(exported: Path) -> None:
@@ -164,15 +165,14 @@ def test_quantize_while_exporting_keeps_each_layers_shapes_apart(tmp_path: Path,
     for another of a different shape (Qwen3-Next's gated attention failed so at its first call)."""
     from family_checkpoints import make_qwen3_next
 
-    src = make_qwen3_next(tmp_path / "ckpt")
+    src = exports.checkpoint(make_qwen3_next)
     direct = tmp_path / "direct"
     hybridrt.export_model(src, direct, quantize="int8-dynamic", validate=False)
     graph = onnx.load(str(direct / "model.onnx"), load_external_data=False).graph
     names = {d.dim_param for v in graph.value_info for d in v.type.tensor_type.shape.dim if d.dim_param}
     assert not [n for n in names if n.startswith("unk__")]
-    export(src, tmp_path / "float", validate=False)
     after = tmp_path / "after"
-    quantize(tmp_path / "float", after, "int8-dynamic", eval_text=text_file, **SMALL)
+    quantize(exports.export(src), after, "int8-dynamic", eval_text=text_file, **SMALL)
     prompt = [[3, 4, 5, 6, 7, 8, 9]]
     assert hybridrt.load(direct).generate(prompt, max_new_tokens=6) == hybridrt.load(after).generate(
         prompt, max_new_tokens=6

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import exports
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -30,19 +31,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def mamba2_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def mamba2_onnx() -> Path:
     """A model whose states are all fixed-size (Mamba2 conv + SSM): what Triton can hold."""
     from family_checkpoints import make_mamba2
 
-    tmp = tmp_path_factory.mktemp("mamba2")
-    out = tmp / "mamba2"
-    hybridrt.export_model(make_mamba2(tmp / "checkpoint"), out)
-    return out
+    return exports.export(make_mamba2)
 
 
 def parse(text: str) -> Any:
     """config.pbtxt as Triton reads it: text format into inference.ModelConfig."""
-    pb = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient[grpc]")
+    import tritonclient.grpc.model_config_pb2 as pb
     from google.protobuf import text_format
 
     return text_format.Parse(text, pb.ModelConfig())
@@ -204,8 +202,8 @@ def test_client_example_parses_arguments() -> None:
 def test_client_example_reaches_for_the_server(mamba2_onnx: Path, tmp_path: Path) -> None:
     """Without a server (none runs here) the example gets as far as asking Triton for the
     model's config: it read the tokenizer and manifest from the repository and built the client."""
-    utils = pytest.importorskip("tritonclient.utils", reason="needs tritonclient[grpc]")
-    pytest.importorskip("tritonclient.grpc", reason="needs tritonclient[grpc]")
+    import tritonclient.utils as utils
+
     example = load_example()
     target = write_repository(mamba2_onnx, tmp_path / "repo")
     argv = ["def", "--repo", str(target.parent), "--model", target.name, "--url", "localhost:1"]

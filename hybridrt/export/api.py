@@ -196,6 +196,8 @@ def _write_onnx(
         manifest.provenance["fused_norms"] = fusion
         manifest.provenance["templates"] = written.templates
         manifest.provenance["trace_seconds"] = round(written.trace_seconds, 2)
+        if written.trace_cache is not None:
+            manifest.provenance["trace_cache"] = written.trace_cache
         manifest.provenance["write_seconds"] = round(written.write_seconds, 2)
         manifest.provenance["memory_plan_mb"] = {k: round(v / 1e6) for k, v in plan.items()}
         if quantizer is not None:

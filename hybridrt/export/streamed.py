@@ -8,6 +8,7 @@ grows with the bytes written, not with tracing each layer.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from ..graphs.files import IR_VERSION
 from ..models.weights import Weights
 from .compose import DataFile, Fragment, Prepared, assemble, instantiate, prepare
 from .fragments import CTX_FIELDS, Template, layer_blocks, outer_model, signature, trace_layer, trace_outer
+from .trace_cache import TraceCache, template_key
 
 # A rewrite of one fragment once its weights are bound (direct quantization):
 # (fragment model, layer index or -1 for the outer graph) -> the rewritten model.
@@ -38,6 +40,7 @@ class Written:
     fusion: dict[str, Any] | None
     passes: dict[str, int] = field(default_factory=dict)
     data_bytes: int = 0
+    trace_cache: dict[str, Any] | None = None  # templates read from HYBRIDRT_TRACE_CACHE (trace_cache.py)
 
 
 def write_graph(
@@ -66,10 +69,14 @@ def write_graph(
     for i in layers:
         groups.setdefault(signature(cfg, outer, i, blocks[i], shared, contract), []).append(i)
     say(f"tracing {len(groups)} distinct layers of {cfg.num_layers} and the outer graph")
+    cache = TraceCache.from_env()
     templates = {}
     for members in groups.values():
-        templates[members[0]] = trace_layer(cfg, outer, members[0], blocks[members[0]], shared, fused, contract)
-    outer_t = trace_outer(cfg, outer, fused, contract)
+        j = members[0]
+        trace = functools.partial(trace_layer, cfg, outer, j, blocks[j], shared, fused, contract)
+        templates[j] = cache.get(template_key(cfg, j, fused, contract), trace)
+    trace = functools.partial(trace_outer, cfg, outer, fused, contract)
+    outer_t = cache.get(template_key(cfg, -1, fused, contract), trace)
     del blocks
     fusion = _fuse([outer_t, *templates.values()], groups) if fused and fuse_norms else None
     for t in [outer_t, *templates.values()]:
@@ -127,6 +134,7 @@ def write_graph(
         fusion,
         passes,
         data.offset if data is not None else 0,
+        cache.record(),
     )
 
 

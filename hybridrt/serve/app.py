@@ -222,7 +222,7 @@ def create_app(engine: Engine, config: ServeConfig | None = None) -> Starlette:
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
-        *page_routes(),
+        *page_routes(key_required=server.config.api_key is not None),
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _server_error}
 

@@ -1,5 +1,7 @@
 """The chat page at `/`: static files shipped in the package (static/), read once, served as
-they are. The page is public; the API calls it makes carry the key the user enters."""
+they are. The page is public; the API calls it makes carry the key the user enters. The page
+says whether this server wants a key (a meta tag), so that it makes no call it knows will be
+refused."""
 
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/static/chat.js": ("chat.js", "text/javascript; charset=utf-8"),
     "/static/chat.css": ("chat.css", "text/css; charset=utf-8"),
+    # Public like the page: a browser asks for its icon on its own, with no key (a 401 there was
+    # logged in the page's console).
+    "/static/favicon.svg": ("favicon.svg", "image/svg+xml"),
+    "/favicon.ico": ("favicon.svg", "image/svg+xml"),
 }
 HEADERS = {
     # Only this server's own script, style and API: no inline code, no third-party origin.
@@ -31,11 +37,21 @@ def _read(name: str) -> bytes:
     return files(__package__).joinpath("static", name).read_bytes()
 
 
-async def _serve(request: Request) -> Response:
-    name, media_type = FILES[request.url.path]
-    return Response(_read(name), media_type=media_type, headers=HEADERS)
+KEY_META = b'<meta name="hybridrt-api-key" content="optional">'
 
 
-def routes() -> list[Route]:
+def _page(name: str, key_required: bool) -> bytes:
+    body = _read(name)
+    if name == "index.html" and key_required:
+        body = body.replace(KEY_META, KEY_META.replace(b"optional", b"required"))
+    return body
+
+
+def routes(key_required: bool = False) -> list[Route]:
     """The page's routes; not API routes, so not in /openapi.json."""
-    return [Route(path, _serve, methods=["GET", "HEAD"], include_in_schema=False) for path in FILES]
+
+    async def serve(request: Request) -> Response:
+        name, media_type = FILES[request.url.path]
+        return Response(_page(name, key_required), media_type=media_type, headers=HEADERS)
+
+    return [Route(path, serve, methods=["GET", "HEAD"], include_in_schema=False) for path in FILES]

@@ -10,6 +10,10 @@ const els = {
 };
 const STORE = { key: "hybridrt.apiKey", maxTokens: "hybridrt.maxTokens", temperature: "hybridrt.temperature" };
 
+// "required" when this server wants an API key (page.py): without one, no call is made that
+// the server would refuse.
+const KEY_REQUIRED = document.querySelector('meta[name="hybridrt-api-key"]')?.content === "required";
+
 const messages = []; // {role, content} of the finished turns, sent with each request
 let controller = null; // the reply in flight, if any
 
@@ -148,6 +152,11 @@ async function submit(event) {
   event.preventDefault();
   const text = els.prompt.value.trim();
   if (!text || controller) return;
+  if (KEY_REQUIRED && !els.key.value.trim()) {
+    els.status.textContent = "Set the API key in Settings.";
+    $("settings").open = true;
+    return;
+  }
   els.prompt.value = "";
   messages.push({ role: "user", content: text });
   addMessage("user", text);
@@ -157,6 +166,11 @@ async function submit(event) {
 }
 
 async function loadModel() {
+  if (KEY_REQUIRED && !els.key.value.trim()) {
+    els.model.textContent = "Set the API key in Settings.";
+    $("settings").open = true;
+    return;
+  }
   try {
     const response = await fetch("/v1/models", { headers: headers() });
     if (!response.ok) {
