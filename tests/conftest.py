@@ -25,7 +25,7 @@ _worker_tallies: list[dict[str, dict[str, int]]] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    cache = config.cache
+    cache = getattr(config, "cache", None)  # None with -p no:cacheprovider
     root = Path(cache.mkdir("hybridrt-builds")) if cache else config.rootpath / ".pytest_cache" / "hybridrt-builds"
     exports.configure(root, prune=not hasattr(config, "workerinput"))
     # Exports of one architecture share its traced layers (hybridrt.export.trace_cache), in every

@@ -10,8 +10,9 @@ scaled). A step with g = 0 and beta = 0 leaves S unchanged (padding).
 
 The prompt path never loops over time or chunks. Inside a chunk, the UT transform of
 transformers' `torch_chunk_gated_delta_rule` condenses the delta updates into matmuls; its
-unit lower-triangular system (I + N) X = R is solved by forward substitution (L - 1 static
-steps, as transformers does when exporting). Across chunks the state map
+unit lower-triangular system (I + N) X = R is solved by inverting I + N blockwise
+(`unit_lower_inverse`: log2 L steps of batched matmuls, where transformers' forward
+substitution takes L - 1 row steps, each a node of the traced graph). Across chunks the state map
 is affine, S_end = M_c S_start + U_c with M_c [K, K], so the chunk maps are composed by a
 Hillis-Steele scan of fixed depth (enough for `max_len`), as `scan.linear_scan` does for
 diagonal maps: the graph is the same whatever length it was traced at.
@@ -27,6 +28,33 @@ def _shifted(x: torch.Tensor, k: int, fill: torch.Tensor) -> torch.Tensor:
     size = x.shape[2]
     pad = fill.expand(x.shape[0], x.shape[1], k, *x.shape[3:])
     return torch.cat([pad, x], dim=2).narrow(2, 0, size)
+
+
+def unit_lower_inverse(n: torch.Tensor) -> torch.Tensor:
+    """(I + n)^-1 for n [..., L, L] strictly lower triangular, by doubling the blocks whose
+    inverses are known: [[A, 0], [C, B]]^-1 = [[A^-1, 0], [-B^-1 C A^-1, B^-1]], from blocks of
+    one (each 1) to one block of L (padded to a power of two with identity rows). Every step
+    inverts all blocks of its size at once; the result equals forward substitution's up to
+    rounding (tests/test_family_gated_delta.py)."""
+    L = n.shape[-1]
+    size = 1 << (L - 1).bit_length()
+    flat = n.reshape(-1, L, L)
+    if size != L:
+        flat = torch.nn.functional.pad(flat, (0, size - L, 0, size - L))
+    inv = torch.ones((1, 1, 1, 1), dtype=n.dtype, device=n.device).expand(flat.shape[0], size, 1, 1)
+    s = 1
+    while s < size:
+        blocks = size // (2 * s)
+        # The diagonal blocks of size 2s of n ([N, blocks, 2s, 2s]), by a mask rather than a
+        # gather: their lower-left quarters are the C of each pair.
+        pick = torch.eye(blocks, dtype=n.dtype, device=n.device).reshape(blocks, 1, blocks, 1)
+        c = (flat.reshape(-1, blocks, 2 * s, blocks, 2 * s) * pick).sum(-2)[..., s:, :s]
+        halves = inv.reshape(-1, blocks, 2, s, s)
+        a, b = halves[:, :, 0], halves[:, :, 1]
+        lower = -torch.matmul(b, torch.matmul(c, a))
+        inv = torch.cat([torch.cat([a, torch.zeros_like(a)], dim=-1), torch.cat([lower, b], dim=-1)], dim=-2)
+        s *= 2
+    return inv.reshape(-1, size, size)[:, :L, :L].reshape(n.shape)
 
 
 def _affine_scan(m: torch.Tensor, u: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,14 +108,7 @@ def gated_delta_scan(
     v_beta = vc * bc.unsqueeze(-1)
     strict = idx.unsqueeze(1) > idx.unsqueeze(0)
     n = torch.where(strict, torch.matmul(k_beta, kc.transpose(-1, -2)) * decay, torch.zeros((), dtype=q.dtype))
-    # (I + n)^-1 by forward substitution, row by row (L - 1 static steps): row i is
-    # e_i - n[i, :i] @ rows[:i].
-    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
-    rows = eye[:1].expand(*n.shape[:-2], 1, chunk)
-    for i in range(1, chunk):
-        row = eye[i : i + 1] - torch.matmul(n[..., i : i + 1, :i], rows)
-        rows = torch.cat([rows, row], dim=-2)
-    inv = rows
+    inv = unit_lower_inverse(n)
     u = torch.matmul(inv, v_beta)  # [b, H, c, L, V]
     w = torch.matmul(inv, k_beta * torch.exp(cs).unsqueeze(-1))  # [b, H, c, L, K]
     attn = torch.matmul(qc, kc.transpose(-1, -2)) * decay  # [b, H, c, L, L]
