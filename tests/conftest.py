@@ -18,9 +18,7 @@ from fuzzing import TALLY
 
 from hybridrt.export.trace_cache import ENV as TRACE_CACHE
 
-# A skip is a test that did not run: the only reasons allowed are the hardware this machine may
-# lack. Any other skip (a missing package, a missing tool) fails the run (tests/conftest.py).
-ALLOWED_SKIPS = ("no GPU", "no Arm")
+pytest_plugins = ["skip_policy"]  # any skip but for no GPU or no Arm fails the run
 _worker_tallies: list[dict[str, dict[str, int]]] = []
 
 
@@ -44,26 +42,13 @@ def pytest_testnodedown(node: Any, error: object) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    config = session.config
-    if hasattr(config, "workeroutput"):
-        config.workeroutput["tallies"] = json.dumps(_tallies())
-        return
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    skipped = reporter.stats.get("skipped", []) if reporter else []
-    unlisted = [r for r in skipped if not _skip_reason(r).startswith(ALLOWED_SKIPS)]
-    if unlisted and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def _skip_reason(report: pytest.TestReport) -> str:
-    longrepr = report.longrepr
-    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-    return reason.removeprefix("Skipped: ")
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["tallies"] = json.dumps(_tallies())
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The build cache's hits and builds (tests/exports.py), the fuzz suite's tally
-    (tests/test_fuzz.py), and every skip with its reason, summed over workers."""
+    """The build cache's hits and builds (tests/exports.py) and the fuzz suite's tally
+    (tests/test_fuzz.py), summed over workers."""
     if hasattr(terminalreporter.config, "workeroutput"):
         return
     total: dict[str, Counter[str]] = {"exports": Counter(), "fuzz": Counter()}
@@ -82,12 +67,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"fuzz: {sum(fuzz.values())} cases, {fuzz['worked']} worked, {fuzz['typed error']} typed errors, "
             f"{fuzz['failure']} failures"
         )
-    skipped = terminalreporter.stats.get("skipped", [])
-    terminalreporter.write_line(f"skips: {len(skipped)} (allowed only for: {', '.join(ALLOWED_SKIPS)})")
-    for report in skipped:
-        reason = _skip_reason(report)
-        verdict = "allowed" if reason.startswith(ALLOWED_SKIPS) else "NOT ALLOWED"
-        terminalreporter.write_line(f"  {verdict}: {report.nodeid}: {reason}")
 
 
 @pytest.fixture(scope="session")
@@ -140,15 +119,13 @@ def default_onnx() -> Path:
 @pytest.fixture(scope="session")
 def jamba_int4(jamba_onnx: Path, text_file: Path) -> Path:
     """The tiny Jamba quantized to int4: a draft model that keeps some of its drafts."""
-    return exports.quantized(jamba_onnx, "int4", eval_text=text_file, eval_window=128, **exports.QUICK)
+    return exports.quantized(jamba_onnx, "int4", eval_text=text_file, **exports.QUICK)
 
 
 @pytest.fixture(scope="session")
 def llama_kv8(llama_onnx: Path, text_file: Path) -> Path:
     """The tiny Llama with float weights and an int8 KV cache (quantize --mode none --kv-dtype int8)."""
-    return exports.quantized(
-        llama_onnx, "none", calibration=[text_file], kv_dtype="int8", eval_window=128, **exports.QUICK
-    )
+    return exports.quantized(llama_onnx, "none", calibration=[text_file], kv_dtype="int8", **exports.QUICK)
 
 
 # Every family of tests/family_checkpoints.BUILDERS, built and exported once (tests/exports.py) for

@@ -47,8 +47,10 @@ BUILDER_SOURCES = ("checkpoints.py", "family_checkpoints.py", "toy_kind.py", "ex
 # Package sources no export or quantization runs: the server and the command line.
 NOT_EXPORT = ("serve", "commands", "cli.py")
 STACK = ("torch", "transformers", "tokenizers", "safetensors", "onnx", "onnxscript", "onnxruntime", "numpy")
-# Quick quantization options: enough text and calibration for a quality report on a tiny model.
-QUICK = {"samples": 3, "seq_len": 32, "decode_steps": 2, "agreement_prompts": 4, "eval_tokens": 192}
+# Quick quantization options for the tiny models: REPORT, a quality report on a few held-out
+# windows; QUICK, that and a few calibration samples (static int8, the int8 KV cache's scales).
+REPORT = {"agreement_prompts": 4, "eval_tokens": 192, "eval_window": 128}
+QUICK = {"samples": 3, "seq_len": 32, "decode_steps": 2} | REPORT
 
 # Per-process tally, reported by conftest.py at the end of a run (summed over workers).
 TALLY: Counter[str] = Counter()

@@ -6,10 +6,14 @@ import contextlib
 import re
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
+import pytest
 
+import hybridrt
 from hybridrt.serve import EngineConfig, ServeConfig
 from hybridrt.serve.server import Running, build, start_in_thread
 
@@ -51,3 +55,21 @@ def wait_for(check: Callable[[], bool], seconds: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return check()
+
+
+def server_fixture(model: str, **options: Any) -> Any:
+    """A module-scoped `server` fixture: `running` over the fixture named `model` (a model
+    directory, loaded here, or a loaded model) with EngineConfig/ServeConfig fields `options`."""
+
+    @pytest.fixture(scope="module")
+    def server(request: pytest.FixtureRequest) -> Iterator[Running]:
+        value = request.getfixturevalue(model)
+        with running(hybridrt.load(value) if isinstance(value, Path) else value, **options) as s:
+            yield s
+
+    return server
+
+
+def client_of(server: Running) -> openai.OpenAI:
+    """The openai package's client of `server`, with the key and no retries."""
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)

@@ -25,7 +25,7 @@ from hybridrt.models.state import zero_states
 from hybridrt.quantization import quantize
 
 TOL = 1e-4
-SMALL = {"agreement_prompts": 4, "eval_tokens": 192, "eval_window": 128}
+SMALL = exports.REPORT
 FAMILIES = sorted(BUILDERS)
 GREEDY = {"max_new_tokens": 32, "min_new_tokens": 32}
 

@@ -18,7 +18,7 @@ from hybridrt.graphs.manifest import read_manifest
 from hybridrt.quantization import QuantizationError, quantize
 from hybridrt.quantization.methods import FLOAT32_OPS
 
-SMALL = {"agreement_prompts": 4, "eval_tokens": 192, "eval_window": 128}
+SMALL = exports.REPORT
 
 
 @pytest.fixture(scope="module", params=["jamba", "llama"])

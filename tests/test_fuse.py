@@ -19,7 +19,7 @@ from hybridrt.quantization import quantize
 from hybridrt.quantization.selection import DEFAULT_KEEP_FLOAT
 
 FUSED = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
-SMALL = {"samples": 3, "seq_len": 32, "decode_steps": 2, "agreement_prompts": 4, "eval_tokens": 192, "eval_window": 128}
+SMALL = exports.QUICK
 
 
 def _graph(directory: Path) -> onnx.ModelProto:

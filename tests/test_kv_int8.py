@@ -20,7 +20,7 @@ from hybridrt.quantization import QuantizationError, quantize
 from hybridrt.quantization.kv_cache import pair_rotary
 from hybridrt.serve.triton import TritonOptions, plan
 
-SMALL = {"samples": 3, "seq_len": 32, "decode_steps": 2, "agreement_prompts": 4, "eval_tokens": 192, "eval_window": 128}
+SMALL = exports.QUICK
 PROMPT = list(range(5, 29))
 
 

@@ -21,7 +21,7 @@ from hybridrt.graphs.manifest import read_manifest
 from hybridrt.quantization import QuantizationError, quantize
 from hybridrt.quantization.calibration import CalibrationReader, calibration_feeds, split_text
 
-SMALL = {"samples": 3, "seq_len": 32, "decode_steps": 2, "agreement_prompts": 4, "eval_tokens": 192, "eval_window": 128}
+SMALL = exports.QUICK
 REPORT = ("nll_delta", "ppl_ratio", "mean_kl", "greedy_agreement", "tokens", "prompts")
 PROMPT = [5, 6, 7, 8]
 

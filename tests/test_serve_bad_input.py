@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
-from serving import AUTH, running
+from serving import AUTH, server_fixture
 
-import hybridrt
 from hybridrt.serve.server import Running
 
 COMPLETION = {"model": "default", "prompt": "def f", "max_tokens": 4}
@@ -107,10 +104,7 @@ def _cases() -> Iterator[tuple[str, str, bytes, dict[str, str]]]:
         yield "POST", path, b"{}", AUTH
 
 
-@pytest.fixture(scope="module")
-def server(jamba_onnx: Path) -> Iterator[Running]:
-    with running(hybridrt.load(jamba_onnx), max_body_bytes=1 << 20) as s:
-        yield s
+server = server_fixture("jamba_onnx", max_body_bytes=1 << 20)
 
 
 def test_every_bad_request_gets_a_4xx_with_an_openai_error(server: Running) -> None:

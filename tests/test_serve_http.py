@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from serving import AUTH, KEY, metric, running, wait_for
+from serving import AUTH, client_of, metric, running, server_fixture, wait_for
 
 import hybridrt
 from hybridrt.runtime.model import Model
@@ -27,15 +26,12 @@ def model(default_onnx: Path) -> Model:
     return hybridrt.load(default_onnx)
 
 
-@pytest.fixture(scope="module")
-def server(model: Model) -> Iterator[Running]:
-    with running(model, slots=3, chunk=4) as s:
-        yield s
+server = server_fixture("model", slots=3, chunk=4)
 
 
 @pytest.fixture
 def client(server: Running) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    return client_of(server)
 
 
 def _complete(client: openai.OpenAI, prompt: str | list[int], max_tokens: int, stream: bool) -> str:
@@ -236,7 +232,7 @@ def test_server_with_an_assistant_answers_as_without(jamba_onnx: Path, jamba_int
     """`hybridrt serve --assistant`: a lone request decodes speculatively, same greedy text."""
     model = hybridrt.load(jamba_onnx)
     with running(model, assistant=hybridrt.load(jamba_int4), slots=2) as server:
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+        client = client_of(server)
         for stream in (False, True):
             text = _complete(client, "def fibonacci(n):\n", 24, stream)
             assert text == model.generate("def fibonacci(n):\n", max_new_tokens=24)

@@ -4,7 +4,6 @@ that requests and responses follow."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from serving import AUTH, KEY, running
+from serving import AUTH, client_of, server_fixture
 
 import hybridrt
 from hybridrt.runtime.evaluate import ort_logits_fn, token_nll
@@ -31,15 +30,12 @@ def model(default_onnx: Path) -> Model:
     return hybridrt.load(default_onnx)
 
 
-@pytest.fixture(scope="module")
-def server(model: Model) -> Iterator[Running]:
-    with running(model, slots=3, chunk=4) as s:  # 4-token chunks: a prompt is scored over many calls
-        yield s
+server = server_fixture("model", slots=3, chunk=4)  # 4-token chunks: a prompt is scored over many calls
 
 
 @pytest.fixture
 def client(server: Running) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    return client_of(server)
 
 
 @pytest.fixture(scope="module")

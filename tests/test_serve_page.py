@@ -17,16 +17,12 @@ from typing import Any
 
 import httpx
 import pytest
-from serving import KEY, metric, running, wait_for
+from serving import KEY, metric, running, server_fixture, wait_for
 
 import hybridrt
 from hybridrt.serve.server import Running
 
-
-@pytest.fixture(scope="module")
-def server(default_onnx: Path) -> Iterator[Running]:
-    with running(hybridrt.load(default_onnx), slots=2) as s:
-        yield s
+server = server_fixture("default_onnx", slots=2)
 
 
 def test_page_and_assets_are_public_and_self_contained(server: Running) -> None:

@@ -6,14 +6,13 @@ the openai client works unchanged."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 import jsonschema
 import pytest
-from serving import AUTH, KEY, running
+from serving import AUTH, client_of, server_fixture
 from test_serve_engine import Result
 
 import hybridrt
@@ -56,10 +55,7 @@ TIME = {
 SAY = [{"role": "user", "content": "Describe a person as JSON."}]
 
 
-@pytest.fixture(scope="module")
-def server(default_onnx: Path) -> Iterator[Running]:
-    with running(hybridrt.load(default_onnx), slots=4) as s:
-        yield s
+server = server_fixture("default_onnx", slots=4)
 
 
 def _chat(server: Running, **body: Any) -> dict[str, Any]:
@@ -191,7 +187,7 @@ def test_openai_client_parse_and_tools(server: Running) -> None:
         city: str = Field(max_length=10)
         unit: Literal["C", "F"]
 
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    client = client_of(server)
     done = client.chat.completions.parse(model="default", messages=SAY, response_format=Person, max_tokens=200)
     assert isinstance(done.choices[0].message.parsed, Person)
     done = client.chat.completions.parse(

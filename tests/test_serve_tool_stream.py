@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 import jsonschema
 import pytest
-from serving import AUTH, KEY, running
+from serving import AUTH, client_of, server_fixture
 from test_serve_structured import SAY, TIME, WEATHER
 
-import hybridrt
 from hybridrt.runtime.text import decode
 from hybridrt.serve.jobs import TextStream
 from hybridrt.serve.server import Running
@@ -155,10 +153,7 @@ def test_lfm2_markers_are_special_tokens_seen_by_the_parser_only(tmp_path: Path)
     assert [c["function"] for c in parser.calls] == [c["function"] for c in calls]
 
 
-@pytest.fixture(scope="module")
-def server(default_onnx: Path) -> Iterator[Running]:
-    with running(hybridrt.load(default_onnx), slots=2) as s:
-        yield s
+server = server_fixture("default_onnx", slots=2)
 
 
 def _stream(server: Running, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -213,7 +208,7 @@ def test_openai_client_reassembles_streamed_calls(server: Running) -> None:
         city: str = Field(max_length=10)
         unit: Literal["C", "F"]
 
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    client = client_of(server)
     tool = openai.pydantic_function_tool(GetWeather)
     kwargs: dict[str, Any] = {"model": "default", "messages": SAY, "max_tokens": 200, "temperature": 0}
     kwargs |= {"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "GetWeather"}}}

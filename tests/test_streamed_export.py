@@ -20,7 +20,7 @@ from hybridrt.errors import CheckpointError, QuantizationError
 from hybridrt.export import export
 from hybridrt.quantization import quantize
 
-SMALL = {"agreement_prompts": 4, "eval_tokens": 192, "eval_window": 128}
+SMALL = exports.REPORT
 
 
 def _as_released(src: Path, dst: Path, dtype: torch.dtype = torch.bfloat16, shards: int = 3) -> Path:
