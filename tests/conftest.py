@@ -95,12 +95,12 @@ def ckpt_dir(request: pytest.FixtureRequest) -> Path:
 @pytest.fixture(scope="session")
 def jamba_onnx() -> Path:
     """The family suite's export of the tiny Jamba (with its parity check, which it asserts)."""
-    return exports.export(make_jamba, validate=True)
+    return exports.family(make_jamba)
 
 
 @pytest.fixture(scope="session")
 def llama_onnx() -> Path:
-    return exports.export(make_llama, validate=True)
+    return exports.family(make_llama)
 
 
 @pytest.fixture(scope="session", params=["jamba", "llama"])
@@ -141,7 +141,7 @@ def ckpt(family: str) -> Path:
 @pytest.fixture
 def exported(family: str) -> Path:
     """The family's export, with its parity check (the family suite asserts it)."""
-    return exports.export(BUILDERS[family], validate=True)
+    return exports.family(BUILDERS[family])
 
 
 @pytest.fixture

@@ -96,7 +96,7 @@ def test_a_product_an_if_branch_reads_is_left_alone() -> None:
 
 @pytest.fixture(scope="module")
 def granite_onnx() -> Path:
-    return exports.export(make_granitemoehybrid_dense, validate=True)
+    return exports.family(make_granitemoehybrid_dense)
 
 
 def _scaled_projections(model: onnx.ModelProto) -> list[str]:

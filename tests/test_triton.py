@@ -35,7 +35,7 @@ def mamba2_onnx() -> Path:
     """A model whose states are all fixed-size (Mamba2 conv + SSM): what Triton can hold."""
     from family_checkpoints import make_mamba2
 
-    return exports.export(make_mamba2)
+    return exports.family(make_mamba2)
 
 
 def parse(text: str) -> Any:
