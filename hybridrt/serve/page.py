@@ -40,18 +40,15 @@ def _read(name: str) -> bytes:
 KEY_META = b'<meta name="hybridrt-api-key" content="optional">'
 
 
-def _page(name: str, key_required: bool) -> bytes:
-    body = _read(name)
-    if name == "index.html" and key_required:
-        body = body.replace(KEY_META, KEY_META.replace(b"optional", b"required"))
-    return body
-
-
 def routes(key_required: bool = False) -> list[Route]:
-    """The page's routes; not API routes, so not in /openapi.json."""
+    """The page's routes; not API routes, so not in /openapi.json. Bodies are read once, the
+    page's key meta tag set for this server."""
+    bodies = {path: _read(name) for path, (name, _) in FILES.items()}
+    if key_required:
+        bodies["/"] = bodies["/"].replace(KEY_META, KEY_META.replace(b"optional", b"required"))
 
     async def serve(request: Request) -> Response:
-        name, media_type = FILES[request.url.path]
-        return Response(_page(name, key_required), media_type=media_type, headers=HEADERS)
+        path = request.url.path
+        return Response(bodies[path], media_type=FILES[path][1], headers=HEADERS)
 
     return [Route(path, serve, methods=["GET", "HEAD"], include_in_schema=False) for path in FILES]

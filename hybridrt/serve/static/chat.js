@@ -14,6 +14,14 @@ const STORE = { key: "hybridrt.apiKey", maxTokens: "hybridrt.maxTokens", tempera
 // the server would refuse.
 const KEY_REQUIRED = document.querySelector('meta[name="hybridrt-api-key"]')?.content === "required";
 
+// True, with the hint shown in `where` and Settings opened, when the server wants a key and none is set.
+function keyMissing(where) {
+  if (!KEY_REQUIRED || els.key.value.trim()) return false;
+  where.textContent = "Set the API key in Settings.";
+  $("settings").open = true;
+  return true;
+}
+
 const messages = []; // {role, content} of the finished turns, sent with each request
 let controller = null; // the reply in flight, if any
 
@@ -152,11 +160,7 @@ async function submit(event) {
   event.preventDefault();
   const text = els.prompt.value.trim();
   if (!text || controller) return;
-  if (KEY_REQUIRED && !els.key.value.trim()) {
-    els.status.textContent = "Set the API key in Settings.";
-    $("settings").open = true;
-    return;
-  }
+  if (keyMissing(els.status)) return;
   els.prompt.value = "";
   messages.push({ role: "user", content: text });
   addMessage("user", text);
@@ -166,11 +170,7 @@ async function submit(event) {
 }
 
 async function loadModel() {
-  if (KEY_REQUIRED && !els.key.value.trim()) {
-    els.model.textContent = "Set the API key in Settings.";
-    $("settings").open = true;
-    return;
-  }
+  if (keyMissing(els.model)) return;
   try {
     const response = await fetch("/v1/models", { headers: headers() });
     if (!response.ok) {
