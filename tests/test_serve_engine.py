@@ -13,7 +13,6 @@ import pytest
 
 import hybridrt
 from hybridrt.runtime.sampling import GenerationConfig
-from hybridrt.serve.cache import PrefixCache
 from hybridrt.serve.engine import Engine, EngineBusy, EngineConfig, Request, Update
 
 
@@ -84,7 +83,7 @@ def test_admitted_requests_hold_no_states_until_their_prefill(jamba_onnx: Path) 
     The engine's turns are run here on this thread, one at a time."""
     model = hybridrt.load(jamba_onnx)
     engine = Engine(model, EngineConfig(slots=4, chunk=4, cache_bytes=0))
-    engine.model, engine.vocab = model, int(model.manifest.vocab_size)  # what the engine thread's start does
+    engine._loaded(model)  # what the engine thread's start does
     engine.ready.set()
     prompts = [_prompt(n, seed=n) for n in (9, 6, 11, 7, 5)]
     budgets = [7, 2, 5, 9, 3]
@@ -170,20 +169,6 @@ def test_scored_prompts_skip_the_prefix_cache(default_onnx: Path) -> None:
     got = [e.logprob for e in update.prompt_logprobs]
     assert got[0] is None
     np.testing.assert_allclose(np.asarray(got[1:], dtype=np.float64), want, atol=1e-4)
-
-
-def test_prefix_cache_evicts_least_recently_used_under_its_byte_cap(jamba_onnx: Path) -> None:
-    rows = hybridrt.load(jamba_onnx).stepper(1, 8)
-    rows.forward(np.asarray([[5, 6, 7]], dtype=np.int64))
-    row = rows.row(0)
-    cache = PrefixCache(max_bytes=2 * row.nbytes + 100)
-    cache.put([1, 2], row, None)
-    cache.put([3, 4], row, None)
-    assert cache.get([1, 2, 9]) is not None  # [1, 2] is now the most recent
-    cache.put([5, 6], row, None)
-    assert cache.get([3, 4, 9]) is None and cache.get([1, 2, 9]) is not None and len(cache) == 2
-    assert cache.bytes <= cache.max_bytes
-    assert cache.get([1, 2]) is None  # stored without logits: needs one more token
 
 
 def test_cancel_frees_the_slot_at_once(jamba_onnx: Path) -> None:
@@ -319,3 +304,45 @@ def test_assistant_decodes_lone_requests_speculatively(jamba_onnx: Path, jamba_i
         assert engine.metrics.drafted_tokens._value.get() == drafted
     finally:
         engine.stop()
+
+
+def test_a_retokenized_turn_resumes_a_few_tokens_before_the_last_prompt_ended(jamba_onnx: Path) -> None:
+    """Regression: a conversation resent as text over /v1/completions is tokenized again, and
+    the reply's first characters can merge with the prompt's last token, so no stored prompt
+    or reply end started the next turn and every turn prefilled its whole history. The state
+    stored TAIL tokens before each prompt's end serves it."""
+    from hybridrt.runtime.prefix_cache import TAIL
+
+    model = hybridrt.load(jamba_onnx)
+    engine = _engine(model, slots=2, chunk=8)
+    try:
+        first = _prompt(40)
+        a = _submit(engine, first, max_new_tokens=6)[1]
+        assert a.done.wait(60)
+        merged = [(first[-1] + 1) % 300 + 3]  # the last token, tokenized with the reply's start
+        turn = first[:-1] + merged + a.tokens + _prompt(12, seed=3)
+        b = _submit(engine, turn, max_new_tokens=6)[1]
+        assert b.done.wait(60)
+    finally:
+        engine.stop()
+    assert b.cached == len(first) - TAIL and b.tokens == model.generate(turn, max_new_tokens=6)
+
+
+def test_requests_that_share_a_prefix_wait_for_one_prefill_of_it(jamba_onnx: Path) -> None:
+    """Four requests with one 48-token system prompt arrive together: the first prefills it and
+    stores a state where they part; the others resume there and prefill their own tokens."""
+    model = hybridrt.load(jamba_onnx)
+    shared = _prompt(48, seed=5)
+    prompts = [shared + _prompt(9 + i, seed=i) for i in range(4)]
+    engine = Engine(model, EngineConfig(slots=4, chunk=8))
+    engine._loaded(model)  # the engine's turns run here, one at a time
+    engine.ready.set()
+    results = [_submit(engine, p, max_new_tokens=5)[1] for p in prompts]
+    for _ in range(300):
+        if all(r.done.is_set() for r in results):
+            break
+        engine._turn()
+    assert [r.cached for r in results] == [0, 48, 48, 48]
+    for p, r in zip(prompts, results):
+        assert r.tokens == model.generate(p, max_new_tokens=5)
+    assert engine.cache is not None and engine.cache.stats.hit_tokens == 3 * 48

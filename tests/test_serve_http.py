@@ -238,3 +238,49 @@ def test_server_with_an_assistant_answers_as_without(jamba_onnx: Path, jamba_int
             assert text == model.generate("def fibonacci(n):\n", max_new_tokens=24)
         assert metric(server.url, "hybridrt_speculative_drafted_tokens_total") > 0
         assert metric(server.url, "hybridrt_speculative_accepted_tokens_total") >= 0
+
+
+def test_cached_states_survive_a_restart_and_a_template_file_renders_chats(default_onnx: Path, tmp_path: Path) -> None:
+    """`serve --cache-dir DIR --chat-template FILE`: states stored by one server resume in the
+    next one on the same directory (usage reports them as cached tokens), and chats render
+    with the file's template, not the model's."""
+    from hybridrt.serve.chat import read_template
+
+    template = tmp_path / "chat.jinja"
+    template.write_text(
+        "{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}### assistant:{% endif %}"
+    )
+    source = read_template(template)
+    model = hybridrt.load(default_onnx)
+    prompt = "### user: What does a prefix cache keep?\n### assistant:"
+    options = dict(cache_dir=str(tmp_path / "states"), cache_bytes=1, chat_template=source)
+    with running(model, **options) as s:
+        client = client_of(s)
+        chat = client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "What does a prefix cache keep?"}], max_tokens=4
+        )
+        # The template's rendering is the prompt: its tokens, and the completion of that text.
+        assert chat.usage.prompt_tokens == len(model.prompt_rows(prompt).rows[0])
+        alone = client.completions.create(model="default", prompt=prompt, max_tokens=4, temperature=0)
+        assert alone.usage.prompt_tokens_details.cached_tokens == chat.usage.prompt_tokens  # stored whole, on disk
+        assert metric(s.url, "hybridrt_prefix_cache_disk_bytes") > 0
+        assert metric(s.url, "hybridrt_prefix_cache_budget_bytes") == 1
+        assert metric(s.url, "hybridrt_prefix_cache_checkpoints_total") >= 2
+    with running(model, **options) as s:
+        again = client_of(s).completions.create(model="default", prompt=prompt + " It", max_tokens=4, temperature=0)
+        assert again.usage.prompt_tokens_details.cached_tokens == chat.usage.prompt_tokens
+        assert again.choices[0].text == model.generate(prompt + " It", max_new_tokens=4)
+        assert metric(s.url, "hybridrt_prefix_cache_disk_reads_total") >= 1
+
+
+def test_a_chat_template_file_that_is_not_jinja_is_refused(tmp_path: Path) -> None:
+    from hybridrt.errors import GenerationError
+    from hybridrt.serve.chat import read_template
+
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}{{ m['content'] }")
+    with pytest.raises(GenerationError, match="not a valid Jinja template: line 1"):
+        read_template(bad)
+    with pytest.raises(GenerationError, match="cannot read the chat template"):
+        read_template(tmp_path / "missing.jinja")

@@ -30,7 +30,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slots", type=int, default=ENGINE.slots, help="sequences decoded together (state slots)")
     p.add_argument("--chunk", type=int, default=ENGINE.chunk, help="prompt tokens prefilled per engine step")
     p.add_argument("--max-queue", type=int, default=ENGINE.max_queue, help="waiting requests before 429")
-    p.add_argument("--cache-mb", type=float, default=ENGINE.cache_bytes / 2**20, help="prefix state cache (0: off)")
+    p.add_argument(
+        "--cache-mb",
+        type=float,
+        help="memory for the prefix state cache (0: off; default: a quarter of the memory available at start)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        help="a directory where cached states go when memory is full and stay across restarts (default: none)",
+    )
+    p.add_argument("--cache-disk-mb", type=float, help="cap of --cache-dir (default: half its free space)")
+    p.add_argument(
+        "--cache-spacing",
+        type=int,
+        help="prompt tokens between stored states inside long prompts (default: from the model's state sizes)",
+    )
+    p.add_argument(
+        "--chat-template",
+        help="a Jinja chat template file for /v1/chat/completions, over the one in the model's tokenizer config",
+    )
     p.add_argument("--max-body-kb", type=int, default=SERVE.max_body_bytes // 1024)
     p.add_argument("--timeout", type=float, default=SERVE.request_timeout, help="seconds per request")
     p.add_argument("--provider", default="auto", help="auto, cpu, cuda, acl, xnnpack, or a full provider name")
@@ -49,14 +67,24 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import GraphError
     from ..runtime import load, share_thread_pool
     from ..runtime.text import TOKENIZER
+    from ..serve.chat import read_template
     from ..serve.server import build, serve
     from .common import model_dir
 
     # Exports the default model first if needed, in a child process: the server never holds torch.
     directory = model_dir(args.model, isolated=True)
     name = args.model_name or (DEFAULT_NAME if args.model == DEFAULT_NAME else Path(args.model).resolve().name)
-    engine = EngineConfig(args.slots, args.chunk, args.max_queue, int(args.cache_mb * 2**20))
-    config = ServeConfig(name, args.api_key, args.max_body_kb * 1024, args.timeout)
+    engine = EngineConfig(
+        args.slots,
+        args.chunk,
+        args.max_queue,
+        None if args.cache_mb is None else int(args.cache_mb * 2**20),
+        args.cache_dir,
+        None if args.cache_disk_mb is None else int(args.cache_disk_mb * 2**20),
+        args.cache_spacing,
+    )
+    template = None if args.chat_template is None else read_template(args.chat_template)
+    config = ServeConfig(name, args.api_key, args.max_body_kb * 1024, args.timeout, chat_template=template)
     draft = None if args.assistant is None else model_dir(args.assistant, isolated=True)
     for d in (directory, draft):
         if d is not None and not (d / TOKENIZER).is_file():  # the API speaks text

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .prefix_cache import StateCache, chunk_end
 from .sampling import GenerationConfig, sample
 from .state import Stepper
 
@@ -29,6 +30,7 @@ class GenerationStats:
 
     tokens: list[list[int]] = field(default_factory=list)
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens resumed from a prefix state cache, not prefilled
     prefill_s: float = 0.0
     decode_s: float = 0.0
     decode_tokens: int = 0
@@ -44,6 +46,7 @@ class GenerationStats:
         return cls(
             tokens=[t for r in runs for t in r.tokens],
             prompt_tokens=sum(r.prompt_tokens for r in runs),
+            cached_tokens=sum(r.cached_tokens for r in runs),
             prefill_s=sum(r.prefill_s for r in runs),
             decode_s=sum(r.decode_s for r in runs),
             decode_tokens=sum(r.decode_tokens for r in runs),
@@ -102,6 +105,35 @@ def feed(stepper: Stepper, ids: np.ndarray) -> np.ndarray:
     return logits
 
 
+def prefill_cached(stepper: Stepper, tokens: Sequence[int], cache: StateCache) -> tuple[np.ndarray, int]:
+    """Bring row 0 (which has seen tokens[:stepper.lengths[0]]) to the end of `tokens` from the
+    deepest state `cache` holds for them, storing states at its checkpoints on the way
+    (runtime.prefix_cache); returns the last logits [1, V] and the tokens resumed from it."""
+    seen = int(stepper.lengths[0])
+    hit = cache.lookup(tokens)
+    resumed = 0
+    if hit is not None and hit.snapshot.length > seen:
+        if stepper.has_kv and len(tokens) > stepper.capacity:
+            stepper.grow(len(tokens))  # set_row keeps at most the capacity's positions
+        stepper.set_row(0, hit.snapshot.states, hit.snapshot.length)
+        resumed = seen = hit.snapshot.length
+        if hit.logits is not None:
+            return hit.logits, resumed
+    if seen >= len(tokens):
+        raise ValueError(f"nothing to prefill: the states have seen {seen} of {len(tokens)} tokens")
+    marks = cache.plan(tokens, seen)
+    ids = np.asarray([tokens], dtype=np.int64)
+    while seen < len(tokens):
+        end = chunk_end(seen, PREFILL_CHUNK, len(tokens), marks)
+        t0 = time.perf_counter()
+        logits = stepper.forward(ids[:, seen:end])
+        cache.observe(end - seen, time.perf_counter() - t0)
+        seen = end
+        if end in marks:
+            cache.put(tokens[:end], stepper.row(0), logits if end == len(tokens) else None)
+    return logits, resumed
+
+
 def decode_step(stepper: Stepper, tokens: np.ndarray) -> np.ndarray:
     """Feed one token per row [b] from the carried states; returns logits [b, V]."""
     return stepper.forward(tokens[:, None])
@@ -116,19 +148,27 @@ def generate(
     stats: GenerationStats,
     history: Sequence[Sequence[int]] | None = None,
     stop: StopCheck | None = None,
+    cache: StateCache | None = None,
 ) -> Iterator[np.ndarray]:
     """Prefill `prompts`, then sample up to cfg.max_new_tokens; yields each step's tokens [b].
 
     A row stops after an EOS token (kept in its output, as transformers does) or when `stop`
     says its tokens so far end it; finished rows are fed `pad_id` and not recorded.
     `history` (default: the prompts) is what the repetition penalty counts as seen.
+    With a prefix state `cache` (one row; `history`, when given, is every token of the row,
+    of which the stepper has seen all but `prompts`), the prefill resumes from the cache and
+    stores states in it, and the states after the reply are stored when it ends.
     """
     b = len(prompts)
     rng = np.random.default_rng(cfg.seed)
     stats.tokens = [[] for _ in range(b)]
     stats.prompt_tokens = sum(len(p) for p in prompts)
+    context = list((history or prompts)[0])
     t0 = time.perf_counter()
-    logits = prefill(stepper, prompts)
+    if cache is not None:
+        logits, stats.cached_tokens = prefill_cached(stepper, context, cache)
+    else:
+        logits = prefill(stepper, prompts)
     stats.prefill_s = time.perf_counter() - t0
     seen = seen_tokens(history or prompts, stepper.vocab) if cfg.penalized else None
     eos_ids = np.asarray(eos, dtype=np.int64)
@@ -149,6 +189,10 @@ def generate(
             stats.decode_tokens += int(live.sum())
     finally:
         stats.decode_s = time.perf_counter() - t0
+        if cache is not None and stats.tokens[0]:
+            reply_end = context + stats.tokens[0][:-1]
+            if int(stepper.lengths[0]) == len(reply_end):  # a chat turn continues from here
+                cache.put(reply_end, stepper.row(0))
 
 
 def _record(

@@ -15,6 +15,7 @@ from . import decode as dec
 from .beam import beam_search
 from .bound import BoundStepper
 from .evaluate import evaluate
+from .prefix_cache import StateCache, identity
 from .sampling import GenerationConfig
 from .speculative import Draft, check_draft, speculate
 from .state import PlainStepper, Stepper
@@ -112,17 +113,28 @@ class Model:
         files = [self.path / f for f in self.manifest.files if f.startswith(self.manifest.graph_file)]
         return sum(f.stat().st_size for f in files if f.is_file())
 
-    def generate(self, prompt: Any, assistant_model: Model | None = None, **kwargs: Any) -> Output:
-        """Generate for one prompt or a batch (each row as if alone)."""
-        return self.generate_with_stats(prompt, assistant_model, **kwargs)[0]
+    def generate(
+        self, prompt: Any, assistant_model: Model | None = None, cache: StateCache | None = None, **kwargs: Any
+    ) -> Output:
+        """Generate for one prompt or a batch (each row as if alone). With a prefix state
+        `cache` (Model.state_cache), one prompt resumes from the deepest state stored for it
+        and leaves states there for later calls."""
+        return self.generate_with_stats(prompt, assistant_model, cache, **kwargs)[0]
 
     def generate_with_stats(
-        self, prompt: Any, assistant_model: Model | None = None, **kwargs: Any
+        self, prompt: Any, assistant_model: Model | None = None, cache: StateCache | None = None, **kwargs: Any
     ) -> tuple[Output, dec.GenerationStats]:
         """As generate, with what the generation did: token counts and timings."""
         cfg = self.generation_config(**kwargs)
         prompts = self.prompt_rows(prompt, cfg)
         self.check_length(prompts.rows, cfg)
+        if cache is not None:
+            self._check_cache(cache, prompts, cfg, assistant_model)
+            stats = dec.GenerationStats()
+            stepper = self.stepper(1, self._capacity_for(prompts.rows, cfg))
+            for _ in self._steps(stepper, prompts.rows, cfg, stats, cache=cache):
+                pass
+            return self._format(prompts, stats.tokens), stats
         if assistant_model is not None:
             if cfg.num_beams > 1:
                 raise GenerationError(
@@ -149,8 +161,15 @@ class Model:
             pass
         return self._format(prompts, stats.tokens), stats
 
-    def stream(self, prompt: str | Sequence[int], assistant_model: Model | None = None, **kwargs: Any) -> TextStream:
-        """Text pieces of one prompt's continuation, as they are generated (see TextStream)."""
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        assistant_model: Model | None = None,
+        cache: StateCache | None = None,
+        **kwargs: Any,
+    ) -> TextStream:
+        """Text pieces of one prompt's continuation, as they are generated (see TextStream);
+        `cache` as generate's."""
         cfg = self.generation_config(**kwargs)
         if cfg.num_beams > 1:
             raise GenerationError(BEAMS_NEED_GENERATE)
@@ -160,15 +179,55 @@ class Model:
             raise GenerationError("stream() takes one prompt; use generate() for a batch")
         self.check_length(prompts.rows, cfg)
         stats = dec.GenerationStats()
+        if cache is not None:
+            self._check_cache(cache, prompts, cfg, assistant_model)
         if assistant_model is not None:
             steps = self._speculative(check_draft(self, assistant_model), prompts.rows[0], cfg, stats)
         else:
-            steps = self._steps(self.stepper(1, self._capacity_for(prompts.rows, cfg)), prompts.rows, cfg, stats)
+            stepper = self.stepper(1, self._capacity_for(prompts.rows, cfg))
+            steps = self._steps(stepper, prompts.rows, cfg, stats, cache=cache)
         return TextStream(self._pieces(steps, stats), stats)
 
-    def session(self) -> ChatSession:
-        """A conversation whose states carry over from one generate() call to the next."""
-        return ChatSession(self)
+    def session(self, cache: StateCache | None = None) -> ChatSession:
+        """A conversation whose states carry over from one generate() call to the next; with a
+        prefix state `cache`, its first turn resumes from it and every turn leaves states there."""
+        if cache is not None:
+            self._check_cache(cache)
+        return ChatSession(self, cache)
+
+    def state_cache(
+        self,
+        memory_bytes: int | None = None,
+        directory: str | Path | None = None,
+        disk_bytes: int | None = None,
+        spacing: int | None = None,
+    ) -> StateCache:
+        """A prefix state cache for this model (hybridrt.runtime.prefix_cache): pass it to
+        generate, stream or session. memory_bytes: its budget (default: a quarter of the memory
+        available now); directory: a disk tier that outlives the process; disk_bytes: that
+        tier's cap (default: half its free space); spacing: tokens between states stored
+        inside long prompts (default: from the model's state sizes)."""
+        return StateCache.for_model(
+            self, memory_bytes=memory_bytes, directory=directory, disk_bytes=disk_bytes, spacing=spacing
+        )
+
+    def _check_cache(
+        self,
+        cache: StateCache,
+        prompts: Prompts | None = None,
+        cfg: GenerationConfig | None = None,
+        assistant: Model | None = None,
+    ) -> None:
+        if not isinstance(cache, StateCache) or cache.owner != identity(self.manifest, self.path):
+            raise GenerationError("cache= takes a StateCache made for this model: model.state_cache()")
+        if prompts is not None and not prompts.single:
+            raise GenerationError("cache= takes one prompt; generate a batch without it, or one prompt at a time")
+        if cfg is not None and cfg.num_beams > 1:
+            raise GenerationError("beam search does not resume from a prefix state cache: drop cache= or num_beams")
+        if assistant is not None:
+            raise GenerationError(
+                "speculative decoding does not resume from a prefix state cache: drop cache= or assistant_model"
+            )
 
     def evaluate(
         self, text: str, window: int | None = None, stride: int | None = None, progress: Any = None
@@ -252,10 +311,11 @@ class Model:
         cfg: GenerationConfig,
         stats: dec.GenerationStats,
         history: Sequence[Sequence[int]] | None = None,
+        cache: StateCache | None = None,
     ) -> Iterator[np.ndarray]:
         eos = cfg.eos_ids(self.eos_token_ids)
         stop = stop_check(self.tokenizer, cfg.stops)
-        return dec.generate(stepper, rows, cfg, eos, self.pad_token_id, stats, history, stop)
+        return dec.generate(stepper, rows, cfg, eos, self.pad_token_id, stats, history, stop, cache)
 
     def _pieces(self, steps: Iterator[np.ndarray], stats: dec.GenerationStats) -> Iterator[str]:
         stream = StreamDecoder(self.tokenizer)
@@ -282,10 +342,14 @@ class ChatSession:
     """One sequence whose states persist between calls: a later call prefills only the tokens
     its states have not seen (the new prompt, plus at least the last token of the previous
     reply). Greedy output over several calls equals one call on the concatenated tokens.
-    With assistant_model, the draft's states persist too (until another draft is given)."""
+    With assistant_model, the draft's states persist too (until another draft is given).
+    With a prefix state `cache`, a turn without a draft resumes from the deepest state stored
+    for the conversation (a new session whose history the cache has seen prefills only the
+    rest) and stores states there."""
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, cache: StateCache | None = None) -> None:
         self.model = model
+        self.cache = cache
         self.reset()
 
     def reset(self) -> None:
@@ -362,7 +426,7 @@ class ChatSession:
             stop = stop_check(m.tokenizer, cfg.stops)
             steps = speculate(stepper, self.draft, context, cfg, eos, stats, None, stop)
         else:
-            steps = m._steps(stepper, [self.pending + new], cfg, stats, [context])
+            steps = m._steps(stepper, [self.pending + new], cfg, stats, [context], self.cache)
         try:
             yield from steps
         except Exception:

@@ -95,7 +95,7 @@ class Server:
         body = await self._body(request, CHAT_FIELDS)
         model = self.model()
         if self.template is None:
-            self.template = ChatTemplate.for_model(model.path)
+            self.template = ChatTemplate.for_model(model.path, self.config.chat_template)
         return await self._run(request, chat_params(model, self.template, body), chat=True)
 
     async def _body(self, request: Request, known: set[str]) -> dict[str, Any]:

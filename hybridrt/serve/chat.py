@@ -43,9 +43,11 @@ class ChatTemplate:
         self.source = source
 
     @classmethod
-    def for_model(cls, directory: Path) -> ChatTemplate:
-        """The template of directory/tokenizer_config.json, or the default."""
-        return cls(*template_source(directory))
+    def for_model(cls, directory: Path, source: str | None = None) -> ChatTemplate:
+        """The template of directory/tokenizer_config.json (or the default), or `source` (a
+        template given to the server) with that config's special tokens."""
+        own, special = template_source(directory)
+        return cls(own if source is None else source, special)
 
     def render(self, messages: list[dict[str, Any]], tools: Tools | None = None) -> str:
         if not supports_tools(self.source):
@@ -86,6 +88,26 @@ def chat_template(directory: Path) -> ChatTemplate | PlainDefaultTemplate:
             code="chat_template_unavailable",
         ) from None
     return ChatTemplate(source, special)
+
+
+def read_template(path: str | Path) -> str:
+    """A chat template file's source (`serve --chat-template`), checked to compile."""
+    path = Path(path)
+    try:
+        source = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise GenerationError(f"cannot read the chat template {path}: {e}") from None
+    try:
+        import jinja2
+    except ImportError:
+        raise GenerationError("--chat-template needs jinja2 (pip install jinja2)") from None
+    try:
+        jinja2.Environment().parse(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise GenerationError(
+            f"the chat template {path} is not a valid Jinja template: line {e.lineno}: {e.message}"
+        ) from None
+    return source
 
 
 def template_source(directory: Path) -> tuple[str, dict[str, str]]:

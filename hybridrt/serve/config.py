@@ -16,14 +16,23 @@ class EngineConfig:
     slots: int = 8
     chunk: int = PREFILL_CHUNK  # the prompt tokens one prefill call takes, as the runtime's
     max_queue: int = 64
-    cache_bytes: int = 256 * 2**20
+    # The prefix state cache (hybridrt.runtime.prefix_cache): its memory budget (None: a share of
+    # the memory available at start; 0: off), its disk tier (None: none) and that tier's cap (None:
+    # a share of the free space there), and the tokens between checkpoints inside a prompt (None:
+    # from the model's state sizes).
+    cache_bytes: int | None = None
+    cache_dir: str | None = None
+    cache_disk_bytes: int | None = None
+    cache_spacing: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("slots", "chunk", "max_queue"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise GenerationError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
-        if self.cache_bytes < 0:
-            raise GenerationError(f"cache_bytes must be >= 0 (0: no prefix cache), got {self.cache_bytes!r}")
+        for name in ("cache_bytes", "cache_disk_bytes", "cache_spacing"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise GenerationError(f"{name} must be an integer >= 0 or unset, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -38,3 +47,4 @@ class ServeConfig:
     # Updates a stream may hold unsent per choice (its client reads slower than tokens come)
     # before it ends with a `slow_client` error and frees its slot.
     stream_backlog: int = 256
+    chat_template: str | None = None  # a Jinja chat template's source, over the model's own

@@ -3,10 +3,15 @@
 Continuous batching over a fixed pool of state slots. A request holds a slot from the start
 of its prefill to its last token. Each turn of the loop:
 
-1. admit waiting requests while slots are free (a prefix-cache hit starts from cached states,
-   except for a request that scores its prompt: it needs the logits of every position);
+1. admit waiting requests while slots are free;
 2. prefill one chunk (at most `chunk` tokens) of the oldest request still prefilling, so a
-   long prompt costs the others one chunk per turn, not its whole length;
+   long prompt costs the others one chunk per turn, not its whole length. Its first turn looks
+   up the prefix state cache (hybridrt.runtime.prefix_cache; not for a request that scores its
+   prompt: it needs the logits of every position) and plans where its prefill stores states:
+   its chunks end there, so storing one is a copy, not a call. Requests are prefilled oldest
+   first and look up the cache only when their turn comes, so requests that share a prefix
+   wait for one prefill of it: the first stores a state where they part, the others resume
+   from it;
 3. run one decode step for every row of the decode batch and sample each row's next token
    with its own config and random generator.
 
@@ -49,9 +54,10 @@ import numpy as np
 from ..errors import HybridrtError
 from ..runtime.decode import feed
 from ..runtime.model import Model
+from ..runtime.prefix_cache import StateCache
+from ..runtime.radix import common_prefix
 from ..runtime.speculative import Chooser, Draft, check_draft, draft_length
 from ..runtime.state import Stepper
-from .cache import PrefixCache
 from .config import EngineConfig
 from .logprobs import TokenLogprob, prompt_scores
 from .metrics import Metrics
@@ -81,7 +87,7 @@ class Engine:
         self.config = config or EngineConfig()
         self.metrics = metrics or Metrics()
         self.metrics.slots.set(self.config.slots)
-        self.cache = PrefixCache(self.config.cache_bytes)
+        self.cache: StateCache | None = None  # made once the model is loaded (its identity, its state sizes)
         self._load = model if callable(model) else (lambda: model)
         self._load_assistant = assistant if callable(assistant) or assistant is None else (lambda: assistant)
         self.model: Model | None = None
@@ -130,10 +136,10 @@ class Engine:
 
     def _run(self) -> None:
         try:
-            self.model = self._load()
-            self.vocab = int(self.model.manifest.vocab_size)
+            model = self._load()
+            self._loaded(model)
             if self._load_assistant is not None:
-                self.assistant = check_draft(self.model, self._load_assistant())
+                self.assistant = check_draft(model, self._load_assistant())
         except BaseException as e:  # reported by /health and the CLI
             self.error = e
             log.error("loading the model failed: %s", e)
@@ -167,9 +173,33 @@ class Engine:
             else:
                 self._guard(self.running, self._decode)
         self.metrics.busy_slots.set(len(self.prefilling) + len(self.running))
-        self.metrics.cache_bytes.set(self.cache.bytes)
-        self.metrics.cache_entries.set(len(self.cache))
+        self.metrics.observe_cache(self.cache)
         return True
+
+    def _loaded(self, model: Model) -> None:
+        """Take the loaded model: its vocabulary and its prefix state cache."""
+        self.model = model
+        self.vocab = int(model.manifest.vocab_size)
+        self.cache = self._make_cache(model)
+
+    def _make_cache(self, model: Model) -> StateCache:
+        c = self.config
+        cache = StateCache.for_model(
+            model,
+            memory_bytes=c.cache_bytes,
+            directory=c.cache_dir,
+            disk_bytes=c.cache_disk_bytes,
+            spacing=c.cache_spacing,
+        )
+        disk = f", disk tier {cache.directory} up to {cache.disk_bytes / 2**20:.0f} MiB" if cache.directory else ""
+        log.info(
+            "prefix state cache: %.0f MiB of memory%s, a checkpoint every %s prompt tokens",
+            cache.memory_bytes / 2**20,
+            disk,
+            cache.spacing or "(none: no recurrent state)",
+        )
+        self.metrics.observe_cache(cache)
+        return cache
 
     def _admit(self) -> list[Request]:
         admitted = []
@@ -196,18 +226,33 @@ class Engine:
     def _start(self, req: Request) -> None:
         assert self.model is not None
         req.start(self.model.eos_token_ids, self.model.tokenizer, self.vocab)
+        # Prompts already prefilling store a state where this one parts from them.
+        for other in self.prefilling:
+            if other.marks is not None and other is not req:
+                at = common_prefix(req.prompt, other.prompt)
+                if other.fed < at < len(other.prompt) and at not in other.marks:
+                    other.marks = sorted([*other.marks, at])
+
+    def _resume(self, req: Request) -> bool:
+        """req's first prefill turn: resume from the cache and plan its checkpoints; True when
+        the cache held its whole prompt (nothing to prefill)."""
+        assert self.cache is not None
+        cache = self.cache if self.cache.enabled else None
         # A scored prompt needs the logits of every position, which the cache does not keep.
-        hit = None if req.prompt_logprobs is not None else self.cache.get(req.prompt)
+        hit = None if cache is None or req.prompt_logprobs is not None else cache.lookup(req.prompt)
         if hit is None:
             self.metrics.cache_misses.inc()
-            return
-        n, entry = hit
-        req.resume, req.fed, req.cached_tokens = entry.row, n, n
-        self.metrics.cache_hits.inc()
-        self.metrics.cache_hit_tokens.inc(n)
-        if n == len(req.prompt):
-            assert entry.logits is not None
-            self._prefilled(req, entry.logits.copy())
+        else:
+            req.resume, req.fed, req.cached_tokens = hit.snapshot, hit.snapshot.length, hit.snapshot.length
+            self.metrics.cache_hits.inc()
+            self.metrics.cache_hit_tokens.inc(req.fed)
+            if hit.logits is not None:
+                req.marks = []
+                self._prefilled(req, hit.logits)
+                return True
+        others = [r.prompt for r in [*self.waiting, *self.prefilling] if r is not req]
+        req.marks = [] if cache is None else cache.plan(req.prompt, req.fed, others)
+        return False
 
     def _states(self, req: Request) -> Stepper:
         """req's own states, made when its prefill starts: the requests admitted behind it hold
@@ -224,19 +269,24 @@ class Engine:
         return req.rows
 
     def _prefill(self, req: Request) -> None:
+        if req.marks is None and self._resume(req):
+            return
+        assert req.marks is not None and self.cache is not None
         rows = self._states(req)
-        chunk = req.prompt[req.fed : req.fed + self.config.chunk]
-        ids = np.asarray([chunk], dtype=np.int64)
+        end = min([req.fed + self.config.chunk, len(req.prompt), *(m for m in req.marks if m > req.fed)])
+        ids = np.asarray([req.prompt[req.fed : end]], dtype=np.int64)
+        t0 = time.perf_counter()
         if req.prompt_logprobs is None:
             logits = rows.forward(ids)
         else:
             every = rows.forward(ids, all_logits=True)[0]  # [s, V]
             req.scored += prompt_scores(every, req.prompt, req.fed, req.prompt_logprobs)
             logits = every[-1:]
-        req.fed += len(chunk)
+        self.cache.observe(end - req.fed, time.perf_counter() - t0)
+        req.fed = end
+        if end in req.marks:
+            self.cache.put(req.prompt[:end], rows.row(0), logits if end == len(req.prompt) else None)
         if req.fed == len(req.prompt):
-            if self.cache.enabled:
-                self.cache.put(req.prompt, rows.row(0), logits)
             self._prefilled(req, logits)
 
     def _prefilled(self, req: Request, logits: np.ndarray) -> None:
@@ -266,7 +316,7 @@ class Engine:
         for i, req in enumerate(self.running):
             if self._advance(req, logits[i : i + 1]):
                 keep.append(i)
-            elif self.cache.enabled:
+            elif self.cache is not None and self.cache.enabled:
                 # The states have seen all but the reply's last token: a chat turn continues here.
                 self.cache.put(req.prompt + req.tokens[:-1], self.batch.row(i), None)
         self._keep(keep)
@@ -302,7 +352,7 @@ class Engine:
         self.metrics.accepted_tokens.inc(accepted)
         if not live:
             # Finished inside the round: the row is back to before the round's call.
-            if self.cache.enabled:
+            if self.cache is not None and self.cache.enabled:
                 seen = (req.prompt + req.tokens)[: int(self.batch.lengths[0])]
                 self.cache.put(seen, self.batch.row(0), None)
             self._keep([])
@@ -376,6 +426,6 @@ class Engine:
         return {
             "waiting": len(self.waiting),
             "busy_slots": len(self.prefilling) + len(self.running),
-            "cache_entries": len(self.cache),
-            "cache_bytes": self.cache.bytes,
+            "cache_entries": 0 if self.cache is None else len(self.cache),
+            "cache_bytes": 0 if self.cache is None else self.cache.memory,
         }

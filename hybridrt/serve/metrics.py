@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+if TYPE_CHECKING:
+    from ..runtime.prefix_cache import StateCache
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -36,14 +41,53 @@ class Metrics:
         self.cache_hits = Counter("hybridrt_prefix_cache_hits", "Requests that started from cached states", registry=r)
         self.cache_misses = Counter("hybridrt_prefix_cache_misses", "Requests that prefilled from scratch", registry=r)
         self.cache_hit_tokens = Counter("hybridrt_prefix_cache_hit_tokens", "Prompt tokens not prefilled", registry=r)
-        self.cache_bytes = Gauge("hybridrt_prefix_cache_bytes", "Bytes of states in the prefix cache", registry=r)
-        self.cache_entries = Gauge("hybridrt_prefix_cache_entries", "Entries in the prefix cache", registry=r)
+        self.cache_bytes = Gauge(
+            "hybridrt_prefix_cache_bytes", "Bytes of states the prefix cache holds in memory", registry=r
+        )
+        self.cache_entries = Gauge(
+            "hybridrt_prefix_cache_entries", "States in the prefix cache (memory and disk)", registry=r
+        )
+        self.cache_budget = Gauge("hybridrt_prefix_cache_budget_bytes", "The prefix cache's memory budget", registry=r)
+        self.cache_disk_bytes = Gauge(
+            "hybridrt_prefix_cache_disk_bytes", "Bytes of states in the disk tier", registry=r
+        )
+        self.cache_disk_budget = Gauge("hybridrt_prefix_cache_disk_budget_bytes", "The disk tier's cap", registry=r)
+        self.cache_spacing = Gauge("hybridrt_prefix_cache_spacing_tokens", "Tokens between checkpoints", registry=r)
+        self._cache_counters = {
+            name: Counter(f"hybridrt_prefix_cache_{name}", help, registry=r)
+            for name, help in (
+                ("checkpoints", "States stored (inside prompts, at prompt and reply ends)"),
+                ("evictions", "States that left memory (to disk, with a disk tier)"),
+                ("disk_writes", "States written to the disk tier"),
+                ("disk_reads", "States read back from the disk tier"),
+                ("saved_prefill_seconds", "Prefill seconds saved by cached states (at the measured rate)"),
+            )
+        }
+        self._cache_seen: dict[str, float] = {}
         self.drafted_tokens = Counter(
             "hybridrt_speculative_drafted_tokens", "Tokens the assistant model proposed", registry=r
         )
         self.accepted_tokens = Counter(
             "hybridrt_speculative_accepted_tokens", "Proposed tokens the model kept", registry=r
         )
+
+    def observe_cache(self, cache: StateCache | None) -> None:
+        """Bring the prefix cache's gauges and counters up to date (the engine calls it each turn)."""
+        if cache is None:
+            return
+        self.cache_bytes.set(cache.memory)
+        self.cache_entries.set(len(cache))
+        self.cache_budget.set(cache.memory_bytes)
+        self.cache_disk_bytes.set(cache.disk)
+        self.cache_disk_budget.set(cache.disk_bytes if cache.directory is not None else 0)
+        self.cache_spacing.set(cache.spacing)
+        stats = cache.stats
+        for name, counter in self._cache_counters.items():
+            value = float(getattr(stats, name.replace("saved_prefill_seconds", "saved_seconds")))
+            delta = value - self._cache_seen.get(name, 0.0)
+            if delta > 0:
+                counter.inc(delta)
+            self._cache_seen[name] = value
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -65,6 +65,7 @@ class Request:
     fed: int = 0
     rows: Stepper | None = None  # its own states while it prefills (made when its prefill starts)
     resume: Snapshot | None = None  # the prefix cache's states it starts from, until `rows` exists
+    marks: list[int] | None = None  # where its prefill stores states (None: not looked up yet)
     scored: list[TokenLogprob] = field(default_factory=list)  # the prompt's entries so far
     last: float = 0.0
     rng: np.random.Generator | None = None

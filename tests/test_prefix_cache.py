@@ -1,0 +1,191 @@
+"""The prefix state cache (hybridrt.runtime.prefix_cache) on real sessions: a prompt resumes
+from the deepest stored state at or before the first token where it differs from anything
+seen, in memory or from disk, and gives the tokens and logits of a cold prefill."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import exports
+import numpy as np
+import pytest
+from checkpoints import make_jamba
+from family_checkpoints import make_granitemoehybrid
+
+import hybridrt
+from hybridrt.errors import GenerationError
+from hybridrt.runtime.decode import prefill_cached
+from hybridrt.runtime.prefix_cache import TAIL, StateCache, default_spacing
+from hybridrt.runtime.radix import RadixTree
+
+TOL = 1e-5
+
+
+def _prompt(length: int, seed: int = 0, vocab: int = 320) -> list[int]:
+    return np.random.default_rng(seed + 1000 * length).integers(3, vocab, length).tolist()
+
+
+def _cold_logits(model: hybridrt.runtime.Model, tokens: list[int]) -> np.ndarray:
+    stepper = model.stepper(1, len(tokens) + 4)
+    return np.array(stepper.forward(np.asarray([tokens], dtype=np.int64)))
+
+
+def _resumed(model: hybridrt.runtime.Model, tokens: list[int], cache: StateCache) -> tuple[np.ndarray, int]:
+    stepper = model.stepper(1, len(tokens) + 4)
+    logits, resumed = prefill_cached(stepper, tokens, cache)
+    return np.array(logits), resumed
+
+
+@pytest.fixture(scope="module", params=["jamba", "granitemoehybrid", "llama"])
+def model(request: pytest.FixtureRequest) -> hybridrt.runtime.Model:
+    """Mamba1 + attention, Mamba2 + attention (+ MoE), and attention only (KV cut to a prefix)."""
+    if request.param == "granitemoehybrid":
+        return hybridrt.load(exports.family(make_granitemoehybrid))
+    return hybridrt.load(request.getfixturevalue(f"{request.param}_onnx"))
+
+
+def test_radix_tree_finds_the_deepest_stored_prefix_and_where_tokens_part() -> None:
+    tree: RadixTree[str] = RadixTree()
+    tree.insert([1, 2, 3, 4, 5, 6], "long")
+    tree.insert([1, 2, 3], "short")
+    tree.insert([1, 2, 9], "other")  # splits the edge [1, 2, 3, ...] after [1, 2]
+    match = tree.match([1, 2, 3, 4, 7, 8])
+    assert match.agree == 4 and [v for _, v in match.path] == ["short"]
+    assert [v for _, v in tree.match([1, 2, 3, 4, 5, 6, 7]).path] == ["long", "short"]
+    assert tree.match([5]).agree == 0 and tree.match([5]).path == []
+    node = tree.match([1, 2, 3]).path[0][0]
+    tree.remove(node)  # [1, 2, 3] holds nothing now: merged into its one child's edge
+    assert [v for _, v in tree.match([1, 2, 3, 4, 5, 6]).path] == ["long"]
+    assert sorted(v for _, v in tree.values()) == ["long", "other"]
+    assert tree.match([1, 2, 3, 4, 5, 6]).path[0][0].key() == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_prompt_resumes_from_the_deepest_checkpoint_before_it_differs(
+    model: hybridrt.runtime.Model, tmp_path: Path
+) -> None:
+    vocab = int(model.manifest.vocab_size)
+    p = _prompt(70, vocab=vocab)
+    q = p[:45] + _prompt(30, seed=1, vocab=vocab)  # agrees with p for 45 tokens
+    cold = model.generate(p, max_new_tokens=8)
+    cache = model.state_cache(memory_bytes=2**28, spacing=16)
+    model.generate(q, cache=cache, max_new_tokens=4)
+    out, stats = model.generate_with_stats(p, cache=cache, max_new_tokens=8)
+    # Recurrent states resume from the checkpoint at 32 (every 16 tokens); KV alone is cut to 45.
+    assert stats.cached_tokens == (32 if model.manifest.recurrent else 45)
+    assert out == cold
+    # p stored a state where it parts from q: a third prompt that agrees as far resumes there.
+    r = p[:45] + _prompt(20, seed=2, vocab=vocab)
+    logits, resumed = _resumed(model, r, cache)
+    assert resumed == 45
+    assert np.abs(logits - _cold_logits(model, r)).max() <= TOL
+    # Every state stored on p's path, and p itself (its last logits: nothing to prefill).
+    depths = [n.depth for n, _ in cache.tree.match(p).path if n.depth <= len(p)]
+    assert len(p) in depths and (len(p) - TAIL in depths) == model.manifest.recurrent
+    for d in depths:
+        logits, resumed = _resumed(model, p[: d + 1] if d < len(p) else p, cache)
+        assert resumed == d
+        assert np.abs(logits - _cold_logits(model, p[: d + 1] if d < len(p) else p)).max() <= TOL
+
+
+def test_states_on_disk_resume_after_a_restart_and_never_for_another_model(jamba_onnx: Path, tmp_path: Path) -> None:
+    model = hybridrt.load(jamba_onnx)
+    p = _prompt(60)
+    cold, cold_logits = model.generate(p, max_new_tokens=8), _cold_logits(model, p + [7])
+    # A budget of one byte: every state moves to disk as soon as it is stored.
+    first = model.state_cache(memory_bytes=1, directory=tmp_path, spacing=16)
+    model.generate(p, cache=first, max_new_tokens=8)
+    assert first.memory <= 1 and first.disk > 0 and first.stats.disk_writes == len(first)
+    # A new cache on the directory (a restarted server) finds them.
+    again = model.state_cache(directory=tmp_path, spacing=16)
+    assert len(again) == len(first) and again.memory == 0
+    out, stats = model.generate_with_stats(p, cache=again, max_new_tokens=8)
+    assert stats.cached_tokens == len(p) and out == cold and again.stats.disk_reads == 1
+    logits, resumed = _resumed(model, p + [7], again)
+    assert resumed == len(p) and np.abs(logits - cold_logits).max() <= TOL
+    # Another export of the same architecture (other weights): same state shapes, another
+    # identity, so it never reads these states.
+    other = hybridrt.load(exports.export(exports.checkpoint(make_jamba, seed=1)))
+    theirs = other.state_cache(directory=tmp_path, spacing=16)
+    assert len(theirs) == 0 and theirs.lookup(p + [7]) is None
+    assert other.generate_with_stats(p, cache=theirs, max_new_tokens=4)[1].cached_tokens == 0
+    with pytest.raises(GenerationError, match="made for this model"):
+        other.generate(p, cache=again)
+
+
+def test_a_damaged_state_file_is_a_miss_not_an_error(jamba_onnx: Path, tmp_path: Path) -> None:
+    model = hybridrt.load(jamba_onnx)
+    p = _prompt(40)
+    model.generate(p, cache=model.state_cache(memory_bytes=1, directory=tmp_path, spacing=16), max_new_tokens=2)
+    for f in tmp_path.rglob("*.bin"):
+        f.write_bytes(b"\0" * f.stat().st_size)  # same size, other bytes
+    cache = model.state_cache(directory=tmp_path, spacing=16)
+    out, stats = model.generate_with_stats(p + [5], cache=cache, max_new_tokens=4)
+    assert stats.cached_tokens == 0 and out == model.generate(p + [5], max_new_tokens=4)
+
+
+def test_an_unwritable_directory_leaves_a_memory_cache_and_a_warning(
+    jamba_onnx: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = hybridrt.load(jamba_onnx)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with caplog.at_level(logging.WARNING, "hybridrt.cache"):
+        cache = model.state_cache(directory=blocker / "states")
+    assert cache.directory is None and "cannot be written" in caplog.text
+    p = _prompt(30)
+    model.generate(p, cache=cache, max_new_tokens=3)
+    assert model.generate_with_stats(p + [9], cache=cache, max_new_tokens=3)[1].cached_tokens == len(p)
+
+
+def test_memory_stays_in_budget_and_valued_states_stay(jamba_onnx: Path) -> None:
+    model = hybridrt.load(jamba_onnx)
+    stepper = model.stepper(1, 64)
+    stepper.forward(np.asarray([_prompt(8)], dtype=np.int64))
+    row = stepper.row(0)
+    cache = model.state_cache(memory_bytes=3 * row.nbytes + 10)
+    keys = [[k] * 8 for k in range(3, 9)]
+    cache.put(keys[0], row)
+    for _ in range(5):  # a state that keeps saving prefills is worth keeping
+        assert cache.lookup(keys[0] + [1]) is not None
+    for key in keys[1:]:
+        cache.put(key, row)
+        assert cache.memory <= cache.memory_bytes
+    assert cache.lookup(keys[0] + [1]) is not None  # outlived five newer ones
+    assert cache.lookup(keys[1] + [1]) is None  # the oldest never-used one left
+    assert len(cache) == 3 and cache.stats.evictions == 3
+
+
+def test_spacing_follows_the_state_sizes(jamba_onnx: Path, llama_onnx: Path) -> None:
+    jamba, llama = hybridrt.load(jamba_onnx), hybridrt.load(llama_onnx)
+    spacing = default_spacing(jamba.manifest.pasts)
+    assert spacing & (spacing - 1) == 0 and 256 <= spacing <= 4096
+    assert default_spacing(llama.manifest.pasts) == 0  # KV alone: cut to any prefix, no checkpoints
+    assert llama.state_cache().plan(list(range(3, 900)), 0) == [897]
+    marks = jamba.state_cache(spacing=256).plan(list(range(3, 900)), 100)
+    assert marks == [256, 512, 768, 897 - TAIL, 897]
+
+
+def test_a_chat_session_resumes_a_conversation_a_cache_has_seen(jamba_onnx: Path) -> None:
+    model = hybridrt.load(jamba_onnx)
+    cache = model.state_cache()
+    turns = [_prompt(20, seed=s) for s in range(3)]
+    chat = model.session(cache=cache)
+    replies = [chat.generate(t, max_new_tokens=5) for t in turns]
+    # A new session (another process, a reloaded page) replays the same conversation: every
+    # turn resumes where the last reply ended.
+    again = model.session(cache=cache)
+    for t, reply in zip(turns, replies):
+        out, stats = again.generate_with_stats(t, max_new_tokens=5)
+        assert out == reply and stats.cached_tokens > 0
+
+
+def test_cache_options_are_checked(jamba_onnx: Path) -> None:
+    model = hybridrt.load(jamba_onnx)
+    cache = model.state_cache()
+    with pytest.raises(GenerationError, match="one prompt"):
+        model.generate([_prompt(5), _prompt(6)], cache=cache)
+    with pytest.raises(GenerationError, match="beam search"):
+        model.generate(_prompt(5), cache=cache, num_beams=2)
+    with pytest.raises(GenerationError, match="memory_bytes must be"):
+        model.state_cache(memory_bytes=-1)
