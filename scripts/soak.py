@@ -38,10 +38,25 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def cache_mib(url: str) -> float:
+def cache_mib(url: str, name: str = "hybridrt_prefix_cache_bytes") -> float:
+    """A prefix cache gauge of /metrics in MiB: bytes in memory (default), on disk, or a budget."""
     text = httpx.get(url + "/metrics", headers=AUTH, timeout=10).text
-    found = re.search(r"^hybridrt_prefix_cache_bytes (\S+)$", text, re.M)
+    found = re.search(rf"^{name} (\S+)$", text, re.M)
     return float(found.group(1)) / 2**20 if found else 0.0
+
+
+def conversation(url: str) -> str:
+    """A conversation of a few turns, each resending the history: new states at every turn."""
+    words = "the of a state cache turn prompt token reply model layer scan keeps resumes from".split()
+    history = ""
+    for _ in range(random.randint(2, 4)):
+        history += f"User: {' '.join(random.choices(words, k=random.randint(20, 120)))}\nAssistant:"
+        body = {"model": "default", "prompt": history, "max_tokens": 16, "temperature": 0}
+        r = httpx.post(url + "/v1/completions", headers=AUTH, json=body, timeout=60)
+        if r.status_code != 200:
+            return f"conversation {r.status_code}"
+        history += r.json()["choices"][0]["text"] + "\n"
+    return "conversation 200"
 
 
 def chat(max_tokens: int, stream: bool) -> dict:
@@ -93,7 +108,18 @@ def silent(url: str) -> str:
     return "silent ok"
 
 
-ACTIONS = [full_stream, full_stream, dropped_stream, dropped_stream, cancelled, bad, bad, silent]
+ACTIONS = [
+    full_stream,
+    full_stream,
+    dropped_stream,
+    dropped_stream,
+    cancelled,
+    bad,
+    bad,
+    silent,
+    conversation,
+    conversation,
+]
 
 
 def churn(url: str, until: float, counts: Counter, lock: threading.Lock) -> None:
@@ -124,6 +150,8 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--cache-mb", type=float, default=256.0, help="the server's prefix cache")
+    ap.add_argument("--cache-dir", help="the prefix cache's disk tier (default: none)")
+    ap.add_argument("--cache-disk-mb", type=float, help="the disk tier's cap")
     ap.add_argument("--sample-s", type=float, default=5.0)
     ap.add_argument("--warmup-s", type=float, default=60.0, help="samples before this are not in the slope")
     ap.add_argument("--out", type=Path)
@@ -136,6 +164,10 @@ def main() -> int:
     cmd = [sys.executable, "-m", "hybridrt.cli", "serve", args.model, "--port", str(port), "--api-key", KEY]
     cmd += ["--model-name", "default", "--slots", str(args.slots), "--cache-mb", str(args.cache_mb)]
     cmd += ["--log-level", "warning"]
+    if args.cache_dir:
+        cmd += ["--cache-dir", args.cache_dir]
+    if args.cache_disk_mb is not None:
+        cmd += ["--cache-disk-mb", str(args.cache_disk_mb)]
     server = subprocess.Popen(cmd)
     try:
         deadline = time.monotonic() + 600
@@ -157,16 +189,25 @@ def main() -> int:
         for w in workers:
             w.start()
         samples: list[tuple[float, float, float]] = []  # seconds, RSS, prefix cache (MiB)
+        disk: list[float] = []  # the disk tier (MiB), at each sample
+        budget = (
+            cache_mib(url, "hybridrt_prefix_cache_budget_bytes"),
+            cache_mib(url, "hybridrt_prefix_cache_disk_budget_bytes"),
+        )
         while time.monotonic() < until:
             samples.append((time.monotonic() - t0, rss_mib(server.pid), cache_mib(url)))
+            disk.append(cache_mib(url, "hybridrt_prefix_cache_disk_bytes"))
             t, rss, cached = samples[-1]
             print(
-                f"{t:7.0f} s  RSS {rss:7.1f} MiB  cache {cached:6.1f} MiB  requests {sum(counts.values())}", flush=True
+                f"{t:7.0f} s  RSS {rss:7.1f} MiB  cache {cached:6.1f} MiB  disk {disk[-1]:7.1f} MiB  "
+                f"requests {sum(counts.values())}",
+                flush=True,
             )
             time.sleep(args.sample_s)
         for w in workers:
             w.join(120)
         samples.append((time.monotonic() - t0, rss_mib(server.pid), cache_mib(url)))
+        disk.append(cache_mib(url, "hybridrt_prefix_cache_disk_bytes"))
         server.send_signal(signal.SIGTERM)
         code = server.wait(120)
     finally:
@@ -184,10 +225,16 @@ def main() -> int:
         "rss_end_mib": round(samples[-1][1], 1),
         "rss_max_mib": round(max(r for _, r, _ in samples), 1),
         "cache_end_mib": round(samples[-1][2], 1),
+        "cache_max_mib": round(max(c for _, _, c in samples), 1),
+        "cache_budget_mib": round(budget[0], 1),
+        "disk_max_mib": round(max(disk), 1),
+        "disk_cap_mib": round(budget[1], 1),
         "slope_mib_per_min_after_warmup": round(slope_mib_per_min([(t, r) for t, r, _ in steady]), 3),
         "slope_less_cache_mib_per_min_after_warmup": round(slope_mib_per_min([(t, r - c) for t, r, c in steady]), 3),
         "sigterm_exit_code": code,
-        "samples_s_rss_cache": [[round(t, 1), round(r, 1), round(c, 1)] for t, r, c in samples],
+        "samples_s_rss_cache_disk": [
+            [round(t, 1), round(r, 1), round(c, 1), round(d, 1)] for (t, r, c), d in zip(samples, disk)
+        ],
     }
     print(json.dumps({k: v for k, v in report.items() if not k.startswith("samples")}, indent=2))
     if args.out is not None:

@@ -95,3 +95,34 @@ def test_layouts_build_prompt_sized_products(layout: str) -> None:
     outputs = session.run(None, feeds)
     assert [o.shape for o in outputs] == [(1, 5, n) for _, n in bench_layouts.SHAPES]
     assert nbytes > 0
+
+
+def test_prefix_cache_workloads_report_what_the_server_reused(default_onnx: Path, tmp_path: Path) -> None:
+    """scripts/bench_prefix_cache.py's workloads against a real server: the turns' cached tokens
+    are the server's own figures, and the report tables and plots every workload."""
+    import bench_prefix_cache as bench
+    from serving import running
+
+    import hybridrt
+
+    words = bench.Words(default_onnx / "tokenizer.json")
+    with running(hybridrt.load(default_onnx), api_key=None, model_name="m") as server:
+        record = {
+            "one_stream": bench.one_stream(server.url, words),
+            "completions_conversation": bench.conversation(server.url, words, chat=False, turns=3),
+            "chat_conversation": bench.conversation(server.url, words, chat=True, turns=3),
+            "agent": bench.agent(server.url, words, steps=3),
+            "shared_system_prompt": bench.shared_system_prompt(server.url, words, system_tokens=600, requests=3),
+            "concurrent_repeats": bench.concurrent_repeats(server.url, words, streams=3),
+        }
+    conv = record["completions_conversation"]
+    assert conv["cached"][0] == 0 and all(c > 0 for c in conv["cached"][1:])
+    assert all(c < p for c, p in zip(conv["cached"], conv["prompt_tokens"]))
+    assert record["shared_system_prompt"]["cached"][2] >= 600  # the branch point the second one stored
+    assert all(c and c > 0 for c in record["concurrent_repeats"]["cached_second_round"])
+    assert record["one_stream"]["decode_tok_s"] > 0
+    out = tmp_path / "prefix_cache"
+    bench.report({"rounds": [{"hybridrt": record}]}, out)
+    table = out.with_suffix(".md").read_text()
+    assert "| completions conversation: cached tokens | 0, " in table
+    assert out.with_suffix(".png").stat().st_size > 0

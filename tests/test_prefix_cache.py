@@ -16,7 +16,7 @@ from family_checkpoints import make_granitemoehybrid
 import hybridrt
 from hybridrt.errors import GenerationError
 from hybridrt.runtime.decode import prefill_cached
-from hybridrt.runtime.prefix_cache import TAIL, StateCache, default_spacing
+from hybridrt.runtime.prefix_cache import MIN_SPACING, READ_BYTES_PER_S, TAIL, StateCache, spacing_for
 from hybridrt.runtime.radix import RadixTree
 
 TOL = 1e-5
@@ -65,19 +65,19 @@ def test_a_prompt_resumes_from_the_deepest_checkpoint_before_it_differs(
     model: hybridrt.runtime.Model, tmp_path: Path
 ) -> None:
     vocab = int(model.manifest.vocab_size)
-    p = _prompt(70, vocab=vocab)
-    q = p[:45] + _prompt(30, seed=1, vocab=vocab)  # agrees with p for 45 tokens
+    p = _prompt(300, vocab=vocab)
+    q = p[:200] + _prompt(60, seed=1, vocab=vocab)  # agrees with p for 200 tokens
     cold = model.generate(p, max_new_tokens=8)
-    cache = model.state_cache(memory_bytes=2**28, spacing=16)
+    cache = model.state_cache(memory_bytes=2**28, spacing=128)
     model.generate(q, cache=cache, max_new_tokens=4)
     out, stats = model.generate_with_stats(p, cache=cache, max_new_tokens=8)
-    # Recurrent states resume from the checkpoint at 32 (every 16 tokens); KV alone is cut to 45.
-    assert stats.cached_tokens == (32 if model.manifest.recurrent else 45)
+    # Recurrent states resume from the checkpoint at 128; KV alone is cut to 200.
+    assert stats.cached_tokens == (128 if model.manifest.recurrent else 200)
     assert out == cold
     # p stored a state where it parts from q: a third prompt that agrees as far resumes there.
-    r = p[:45] + _prompt(20, seed=2, vocab=vocab)
+    r = p[:200] + _prompt(20, seed=2, vocab=vocab)
     logits, resumed = _resumed(model, r, cache)
-    assert resumed == 45
+    assert resumed == 200
     assert np.abs(logits - _cold_logits(model, r)).max() <= TOL
     # Every state stored on p's path, and p itself (its last logits: nothing to prefill).
     depths = [n.depth for n, _ in cache.tree.match(p).path if n.depth <= len(p)]
@@ -132,7 +132,7 @@ def test_an_unwritable_directory_leaves_a_memory_cache_and_a_warning(
     blocker.write_text("not a directory")
     with caplog.at_level(logging.WARNING, "hybridrt.cache"):
         cache = model.state_cache(directory=blocker / "states")
-    assert cache.directory is None and "cannot be written" in caplog.text
+    assert cache.files is None and "cannot be written" in caplog.text
     p = _prompt(30)
     model.generate(p, cache=cache, max_new_tokens=3)
     assert model.generate_with_stats(p + [9], cache=cache, max_new_tokens=3)[1].cached_tokens == len(p)
@@ -156,14 +156,19 @@ def test_memory_stays_in_budget_and_valued_states_stay(jamba_onnx: Path) -> None
     assert len(cache) == 3 and cache.stats.evictions == 3
 
 
-def test_spacing_follows_the_state_sizes(jamba_onnx: Path, llama_onnx: Path) -> None:
+def test_checkpoints_inside_a_prompt_follow_its_length(jamba_onnx: Path, llama_onnx: Path) -> None:
     jamba, llama = hybridrt.load(jamba_onnx), hybridrt.load(llama_onnx)
-    spacing = default_spacing(jamba.manifest.pasts)
-    assert spacing & (spacing - 1) == 0 and 256 <= spacing <= 4096
-    assert default_spacing(llama.manifest.pasts) == 0  # KV alone: cut to any prefix, no checkpoints
-    assert llama.state_cache().plan(list(range(3, 900)), 0) == [897]
-    marks = jamba.state_cache(spacing=256).plan(list(range(3, 900)), 100)
-    assert marks == [256, 512, 768, 897 - TAIL, 897]
+    assert spacing_for(8000, 0, 1e-3) == 512 and spacing_for(100, 0, 1e-3) == MIN_SPACING
+    assert spacing_for(10**6, 0, 1e-3) == 8192
+    # States that take longer to read back than 1,000 tokens take to prefill: no closer than that.
+    assert spacing_for(8000, int(READ_BYTES_PER_S), 1e-3) == 1024
+    assert llama.state_cache().plan(list(range(3, 900)), 0) == [897]  # KV alone: cut to any prefix
+    cache = jamba.state_cache()
+    cache.seconds_per_token = 1.0  # reading states back is never the limit here
+    marks = cache.plan(list(range(3, 4099)), 0)  # 4096 new tokens: every 256
+    assert marks == [*range(256, 4096, 256), 4096 - TAIL, 4096]
+    assert cache.plan(list(range(3, 4099)), 3900) == [4096 - TAIL, 4096]  # 196 new tokens: tail and end
+    assert jamba.state_cache(spacing=256).plan(list(range(3, 900)), 100) == [256, 512, 768, 897 - TAIL, 897]
 
 
 def test_a_chat_session_resumes_a_conversation_a_cache_has_seen(jamba_onnx: Path) -> None:

@@ -329,10 +329,10 @@ def test_a_retokenized_turn_resumes_a_few_tokens_before_the_last_prompt_ended(ja
 
 
 def test_requests_that_share_a_prefix_wait_for_one_prefill_of_it(jamba_onnx: Path) -> None:
-    """Four requests with one 48-token system prompt arrive together: the first prefills it and
+    """Four requests with one 80-token system prompt arrive together: the first prefills it and
     stores a state where they part; the others resume there and prefill their own tokens."""
     model = hybridrt.load(jamba_onnx)
-    shared = _prompt(48, seed=5)
+    shared = _prompt(80, seed=5)
     prompts = [shared + _prompt(9 + i, seed=i) for i in range(4)]
     engine = Engine(model, EngineConfig(slots=4, chunk=8))
     engine._loaded(model)  # the engine's turns run here, one at a time
@@ -342,7 +342,33 @@ def test_requests_that_share_a_prefix_wait_for_one_prefill_of_it(jamba_onnx: Pat
         if all(r.done.is_set() for r in results):
             break
         engine._turn()
-    assert [r.cached for r in results] == [0, 48, 48, 48]
+    assert [r.cached for r in results] == [0, 80, 80, 80]
     for p, r in zip(prompts, results):
         assert r.tokens == model.generate(p, max_new_tokens=5)
-    assert engine.cache is not None and engine.cache.stats.hit_tokens == 3 * 48
+    assert engine.cache is not None and engine.cache.stats.hit_tokens == 3 * 80
+
+
+def test_prompts_cached_whole_join_the_batch_in_one_turn(jamba_onnx: Path) -> None:
+    """Regression: eight streams whose prompts were cached one round earlier waited for one
+    engine turn each before their first token (a lookup and a state batch of their own per
+    turn). Their cached states now join the decode batch at admission."""
+    model = hybridrt.load(jamba_onnx)
+    prompts = [_prompt(20 + i, seed=i) for i in range(4)]
+    engine = Engine(model, EngineConfig(slots=4, chunk=8))
+    engine._loaded(model)  # the engine's turns run here, one at a time
+    engine.ready.set()
+
+    def finish(results: list[Result]) -> None:
+        for _ in range(300):
+            if all(r.done.is_set() for r in results):
+                return
+            engine._turn()
+
+    finish([_submit(engine, p, max_new_tokens=4)[1] for p in prompts])
+    again = [_submit(engine, p, max_new_tokens=4)[1] for p in prompts]
+    engine._turn()
+    assert len(engine.running) == 4 and all(len(r.tokens) >= 1 for r in again)
+    finish(again)
+    assert [r.cached for r in again] == [len(p) for p in prompts]
+    for p, r in zip(prompts, again):
+        assert r.tokens == model.generate(p, max_new_tokens=4)

@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cache-spacing",
         type=int,
-        help="prompt tokens between stored states inside long prompts (default: from the model's state sizes)",
+        help="prompt tokens between stored states inside long prompts (default: about 16 a prompt, by its length)",
     )
     p.add_argument(
         "--chat-template",

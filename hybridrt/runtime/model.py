@@ -206,7 +206,7 @@ class Model:
         generate, stream or session. memory_bytes: its budget (default: a quarter of the memory
         available now); directory: a disk tier that outlives the process; disk_bytes: that
         tier's cap (default: half its free space); spacing: tokens between states stored
-        inside long prompts (default: from the model's state sizes)."""
+        inside long prompts (default: about 16 a prompt, by its length)."""
         return StateCache.for_model(
             self, memory_bytes=memory_bytes, directory=directory, disk_bytes=disk_bytes, spacing=spacing
         )

@@ -6,21 +6,28 @@ only resume from a state stored at or before the first token where it differs fr
 seen. States are therefore stored at checkpoints (`plan`):
 
 - every `spacing` tokens of a long prompt (positions that are multiples of it, so prompts of
-  different lengths that share a prefix share those checkpoints);
+  different lengths that share a prefix share those checkpoints; see `spacing_for`);
 - where a prompt parts from something already stored or from another queued prompt (a shared
-  system prompt gets one exact checkpoint at its end, the first time a second request shows it);
+  system prompt gets one exact checkpoint at its end, the first time a second request shows
+  it), unless that is within MIN_BRANCH tokens of where the prefill starts;
 - TAIL tokens before a prompt's end: a conversation resent as text is tokenized again, and the
   reply's first characters may merge with the prompt's last token, so the next turn agrees
   with this one up to a few tokens before its end, never to the end itself;
 - at a prompt's end (with its last logits: the same prompt again prefills nothing) and at a
   reply's end (what a chat template's next turn continues from).
 
-Spacing: a checkpoint holds the fixed-size states (S bytes a row, the same at every position)
-plus the KV of its prefix (kv bytes a token). The default spacing is S / kv tokens, a power of
-two between MIN_SPACING and MAX_SPACING: the fixed-size states of a prompt's checkpoints then
-weigh about as much as its KV, and re-prefilling after a divergence costs at most that many
-tokens. A model without recurrent state needs no checkpoints inside prompts: its KV can be cut
-to any prefix, so any stored entry that agrees further serves (`lookup`).
+Spacing: a prefill of L new tokens gets about DENSITY checkpoints, every power of two near
+L / DENSITY tokens (at least MIN_SPACING, at most MAX_SPACING), so a request that parts from it
+anywhere re-prefills at most about 1/DENSITY of it (a new question after a long shared system
+prompt: ~6% of the first request's prefill, then nothing more once its branch point is
+stored); a turn that appends a few hundred tokens to a cached conversation stores only its
+tail and end. A checkpoint is never closer than the tokens whose prefill takes as long as
+reading the checkpoint back from disk (its fixed-size states, S bytes a row, at
+READ_BYTES_PER_S and the measured prefill rate): below that, storing it saves nothing. The
+fixed-size states weigh the same at every position; value-based eviction (below) drops the
+checkpoints that are never used first, since a shallow checkpoint saves less prefill per byte
+than a deep one. A model without recurrent state needs no checkpoints inside prompts: its KV
+can be cut to any prefix, so any stored entry that agrees further serves (`lookup`).
 
 Memory is a budget (default: MEMORY_SHARE of the memory available at start). When it is
 exceeded, entries leave in order of value (GreedyDual-Size-Frequency: prefill seconds the entry
@@ -37,10 +44,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
-import shutil
 import threading
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,14 +59,16 @@ from ..graphs.contract import TensorSpec
 from ..graphs.manifest import Manifest
 from .radix import Node, RadixTree, common_prefix
 from .state import Snapshot, _fit
+from .state_files import StateFiles
 
 log = logging.getLogger("hybridrt.cache")
 
 TAIL = 4
-MIN_SPACING, MAX_SPACING = 256, 4096
+DENSITY = 16
+MIN_SPACING, MAX_SPACING = 256, 8192
+MIN_BRANCH = 64  # a branch point closer than this to where a prefill starts is not stored
+READ_BYTES_PER_S = 1e9
 MEMORY_SHARE = 0.25
-DISK_SHARE = 0.5  # of the free space in the directory at start
-FILE_FORMAT = 1
 
 
 def available_memory() -> int:
@@ -89,15 +97,19 @@ def identity(manifest: Manifest, directory: Path) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def default_spacing(pasts: Sequence[TensorSpec]) -> int:
-    """Tokens between checkpoints inside a prompt (see the module docstring); 0 for a model
-    without recurrent state."""
-    fixed = sum(_row_bytes(s, 0) for s in pasts if not s.is_kv)
-    if not fixed:
-        return 0
-    per_token = sum(_row_bytes(s, 1) for s in pasts if s.is_kv)
-    tokens = fixed / per_token if per_token else MAX_SPACING
-    return int(min(max(1 << max(0, round(tokens) - 1).bit_length(), MIN_SPACING), MAX_SPACING))
+def fixed_bytes(pasts: Sequence[TensorSpec]) -> int:
+    """Bytes of one row's fixed-size (conv, SSM) states: what every checkpoint holds."""
+    return sum(_row_bytes(s, 0) for s in pasts if not s.is_kv)
+
+
+def spacing_for(length: int, state_bytes: int, seconds_per_token: float) -> int:
+    """Tokens between checkpoints in a prefill of `length` new tokens (see the module docstring):
+    the power of two nearest length / DENSITY, or the one at or above the tokens whose prefill
+    takes as long as reading a checkpoint back, if larger; within MIN_SPACING..MAX_SPACING."""
+    near = 1 << max(0, round(math.log2(max(length / DENSITY, 1))))
+    worth = state_bytes / READ_BYTES_PER_S / max(seconds_per_token, 1e-9)
+    above = 1 << max(0, math.ceil(math.log2(max(worth, 1))))
+    return min(max(near, above, MIN_SPACING), MAX_SPACING)
 
 
 def _row_bytes(spec: TensorSpec, positions: int) -> int:
@@ -158,9 +170,9 @@ class StateCache:
     """See the module docstring. `pasts` are the model's state specs, `owner` its identity.
 
     memory_bytes: None for MEMORY_SHARE of the available memory, 0 to store nothing.
-    directory: the disk tier's root (None: memory only); disk_bytes: its cap (None: DISK_SHARE
+    directory: the disk tier's root (None: memory only; runtime.state_files); disk_bytes: its cap (None: DISK_SHARE
     of the free space there). spacing: tokens between checkpoints inside prompts (None: from
-    the state sizes, see default_spacing; 0: none)."""
+    each prompt's length and the state sizes, see spacing_for; 0: none)."""
 
     def __init__(
         self,
@@ -178,7 +190,8 @@ class StateCache:
         self.owner = owner
         self.recurrent = any(not s.is_kv for s in self.pasts)
         self.memory_bytes = int(MEMORY_SHARE * available_memory()) if memory_bytes is None else memory_bytes
-        self.spacing = default_spacing(self.pasts) if spacing is None else spacing
+        self.spacing = spacing  # None: spacing_for each prompt
+        self.state_bytes = fixed_bytes(self.pasts)
         self.tree: RadixTree[Entry] = RadixTree()
         self.entries: set[Entry] = set()
         self.memory = 0  # bytes of states held in memory
@@ -188,8 +201,7 @@ class StateCache:
         self.seconds_per_token = 1e-3  # refined by observe()
         self.stats = CacheStats()
         self.lock = threading.RLock()  # the engine writes; metrics read from other threads
-        self.directory: Path | None = None
-        self.disk_bytes = 0
+        self.files: StateFiles | None = None  # the disk tier
         if directory is not None:
             self._open(Path(directory), disk_bytes)
 
@@ -219,26 +231,32 @@ class StateCache:
             return [end] if end > start else []
         if end - TAIL > start:
             marks.add(end - TAIL)
-        if self.spacing:
-            marks.update(range((start // self.spacing + 1) * self.spacing, end, self.spacing))
+        every = self.spacing
+        if every is None:
+            every = spacing_for(end - start, self.state_bytes, self.seconds_per_token)
+        if every:
+            marks.update(range((start // every + 1) * every, end, every))
         with self.lock:
             parts = [self.tree.match(tokens).agree] if self.entries else []
         parts += [common_prefix(tokens, o) for o in others]
-        marks.update(a for a in parts if start < a < end)
+        marks.update(a for a in parts if start + MIN_BRANCH <= a < end)
         return sorted(m for m in marks if m > start)
 
-    def lookup(self, tokens: Sequence[int]) -> Hit | None:
+    def lookup(self, tokens: Sequence[int], whole: bool = False) -> Hit | None:
         """The deepest stored state to resume `tokens` from: one whose prefix they start with,
         leaving at least one token to feed unless its logits are stored; for a model without
-        recurrent state, also any longer stored prefix cut to where it agrees."""
+        recurrent state, also any longer stored prefix cut to where it agrees. `whole`: only a
+        state of all of `tokens` with its logits (nothing left to prefill)."""
         if not self.enabled or not tokens:
             return None
         with self.lock:
             self.stats.lookups += 1
             match = self.tree.match(tokens)
             candidates = [(e, n.depth) for n, e in match.path if n.depth < len(tokens) or e.has_logits]
+            if whole:
+                candidates = [(e, d) for e, d in candidates if d == len(tokens)]
             cut = min(match.agree, len(tokens) - 1)
-            if not self.recurrent and cut > 0 and (not candidates or candidates[0][1] < cut):
+            if not whole and not self.recurrent and cut > 0 and (not candidates or candidates[0][1] < cut):
                 deeper = next((e for _, e in self.tree.below(match.end) if e.length >= cut), None)
                 if deeper is not None:
                     candidates.insert(0, (deeper, cut))
@@ -267,7 +285,7 @@ class StateCache:
             raise ValueError(f"a snapshot of {snapshot.length} tokens stored under {len(tokens)}")
         row_logits = None if logits is None else np.array(logits[:1], dtype=np.float32)
         nbytes = snapshot.nbytes + (0 if row_logits is None else row_logits.nbytes)
-        if nbytes > self.memory_bytes and (self.directory is None or nbytes > self.disk_bytes):
+        if nbytes > self.memory_bytes and (self.files is None or nbytes > self.files.cap):
             return  # it would leave at once
         with self.lock:
             match = self.tree.match(tokens)
@@ -307,12 +325,12 @@ class StateCache:
             victim = min((e for e in self.entries if e.states is not None), key=lambda e: (e.priority, e.used))
             self.clock = max(self.clock, victim.priority)
             self.stats.evictions += 1
-            if self.directory is not None and (victim.file is not None or self._write(victim)):
+            if self.files is not None and (victim.file is not None or self._write(victim)):
                 self.memory -= victim.nbytes
                 victim.states, victim.logits = None, None
             else:
                 self._forget(victim)
-        while self.disk > self.disk_bytes:
+        while self.files is not None and self.disk > self.files.cap:
             victim = min((e for e in self.entries if e.file is not None), key=lambda e: (e.priority, e.used))
             self._drop_file(victim)
             if victim.states is None:
@@ -343,104 +361,59 @@ class StateCache:
         return read
 
     def _open(self, root: Path, disk_bytes: int | None) -> None:
-        where = root / self.owner
         try:
-            where.mkdir(parents=True, exist_ok=True)
-            probe = where / f".probe.{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
-            free = shutil.disk_usage(where).free
+            self.files = StateFiles.open(root, self.owner, disk_bytes)
         except OSError as e:
             return self._warn(f"the cache directory {root} cannot be written ({e}); states stay in memory only")
-        self.directory = where
-        self.disk_bytes = int(DISK_SHARE * free) if disk_bytes is None else disk_bytes
-        for meta in sorted(where.glob("*.json")):
-            try:
-                info = json.loads(meta.read_text())
-                if info["format"] != FILE_FORMAT or (where / info["file"]).stat().st_size != info["bytes"]:
-                    raise ValueError("not this format or size")
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                log.warning("prefix cache: skipping %s: %s", meta.name, e)
+        for record in self.files.records():
+            if isinstance(record, str):
+                log.warning("prefix cache: skipping %s", record)
                 continue
-            node, _ = self.tree.insert(info["tokens"], None)  # type: ignore[arg-type]
-            name = info["file"].removesuffix(".bin")
-            entry = Entry(node, info["bytes"], info["cost"], None, None, info["has_logits"], name, info["hits"])
+            node, _ = self.tree.insert(record.tokens, None)  # type: ignore[arg-type]
+            entry = Entry(node, record.nbytes, record.cost, None, None, record.has_logits, record.name, record.hits)
             entry.priority = self._priority(entry)
             node.value = entry
             self.entries.add(entry)
             self.disk += entry.nbytes
         if self.entries:
+            where = self.files.where
             log.info("prefix cache: %d stored states (%.1f MB) found in %s", len(self.entries), self.disk / 1e6, where)
         self._fit()
 
     def _write(self, entry: Entry) -> bool:
         """Move entry's states to a file of their own; False (and the disk tier off) on failure."""
-        assert self.directory is not None and entry.states is not None
-        if entry.nbytes > self.disk_bytes:
+        assert self.files is not None and entry.states is not None
+        if entry.nbytes > self.files.cap:
             return False
-        key = entry.node.key()
-        name = hashlib.sha256(np.asarray(key, dtype=np.int64).tobytes()).hexdigest()[:40]
         arrays = [*entry.states, *([] if entry.logits is None else [entry.logits])]
-        info = {
-            "format": FILE_FORMAT,
-            "file": name + ".bin",
-            "tokens": key,
-            "bytes": sum(a.nbytes for a in arrays),
-            "cost": entry.cost,
-            "hits": entry.hits,
-            "has_logits": entry.logits is not None,
-            "arrays": [[str(a.dtype), list(a.shape)] for a in arrays],
-        }
-        crc = 0
         try:
-            tmp = self.directory / f".{name}.{os.getpid()}.tmp"
-            with open(tmp, "wb") as f:
-                for a in arrays:
-                    data = np.ascontiguousarray(a).data
-                    crc = zlib.crc32(data, crc)
-                    f.write(data)
-            os.replace(tmp, self.directory / f"{name}.bin")
-            info["crc32"] = crc
-            (self.directory / f".{name}.json.tmp").write_text(json.dumps(info))
-            os.replace(self.directory / f".{name}.json.tmp", self.directory / f"{name}.json")
+            entry.file = self.files.write(entry.node.key(), arrays, entry.cost, entry.hits, entry.logits is not None)
         except OSError as e:
-            self._warn(f"writing the prefix cache to {self.directory} failed ({e}); states stay in memory only")
-            self.directory = None
+            self._warn(f"writing to {self.files.where} failed ({e}); states stay in memory only")
+            self.files = None
             return False
-        entry.file = name
         self.disk += entry.nbytes
         self.stats.disk_writes += 1
         return True
 
     def _read(self, entry: Entry) -> tuple[list[np.ndarray], np.ndarray | None] | None:
         assert entry.file is not None
+        if self.files is None:
+            return None
         try:
-            assert self.directory is not None
-            info = json.loads((self.directory / f"{entry.file}.json").read_text())
-            raw = (self.directory / info["file"]).read_bytes()
-            if zlib.crc32(raw) != info["crc32"] or len(raw) != info["bytes"]:
-                raise ValueError("its data does not match its checksum")
-            arrays, at = [], 0
-            for dtype, shape in info["arrays"]:
-                a = np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape)), offset=at).reshape(shape)
-                arrays.append(a)
-                at += a.nbytes
-        except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
+            arrays = self.files.read(entry.file)
+        except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("prefix cache: dropping a stored state that cannot be read: %s", e)
             return None
         self.stats.disk_reads += 1
-        logits = arrays.pop() if info["has_logits"] else None
+        logits = arrays.pop() if entry.has_logits else None
         return arrays, logits
 
     def _drop_file(self, entry: Entry) -> None:
         if entry.file is None:
             return
-        if self.directory is not None:
-            for suffix in (".json", ".bin"):
-                try:
-                    os.unlink(self.directory / f"{entry.file}{suffix}")
-                except OSError:
-                    pass
+        if self.files is not None:
+            self.files.remove(entry.file)
         self.disk -= entry.nbytes
         entry.file = None
 

@@ -194,6 +194,16 @@ class Stepper:
         self.lengths = np.concatenate([self.lengths, other.lengths])
         self.epoch += 1
 
+    def append_row(self, row: Snapshot, capacity: int = 0) -> None:
+        """Append one row from a snapshot after ours, as extend does with another stepper's rows,
+        KV buffers holding at least `capacity` positions (a server's request joining its batch
+        from cached states, without states of its own)."""
+        if max(capacity, row.length) > self.capacity:
+            self.grow(max(capacity, row.length))
+        self._append([_fit(x, s, self.capacity) for s, x in zip(self.pasts, row.states)])
+        self.lengths = np.concatenate([self.lengths, [row.length]])
+        self.epoch += 1
+
     def reserve(self, rows: int) -> None:
         """Keep room for `rows` rows (a server's slots), so that rows joining later are written
         into it instead of the batch being reallocated. A stepper without such room ignores it."""
@@ -225,8 +235,8 @@ def _fit(x: np.ndarray, spec: TensorSpec, capacity: int) -> np.ndarray:
     axis = spec.kv_axis
     if axis is None or x.shape[axis] == capacity:
         return x
-    if x.shape[axis] > capacity:
-        return np.take(x, np.arange(capacity), axis=axis)
+    if x.shape[axis] > capacity:  # a view: callers copy it once, if at all
+        return x[(slice(None),) * axis + (slice(0, capacity),)]
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, capacity - x.shape[axis])
     return np.pad(x, widths)

@@ -54,7 +54,7 @@ import numpy as np
 from ..errors import HybridrtError
 from ..runtime.decode import feed
 from ..runtime.model import Model
-from ..runtime.prefix_cache import StateCache
+from ..runtime.prefix_cache import DENSITY, MIN_BRANCH, Hit, StateCache
 from ..runtime.radix import common_prefix
 from ..runtime.speculative import Chooser, Draft, check_draft, draft_length
 from ..runtime.state import Stepper
@@ -163,6 +163,13 @@ class Engine:
             admitted = self._admit()
         for req in admitted:
             self._guard([req], partial(self._start, req))
+        for req in [r for r in admitted if r in self.running]:  # prompts cached whole
+            try:
+                self._join(req)
+            except Exception as e:  # its row is not in the batch: it leaves the running list alone
+                log.exception("engine step failed")
+                self.running.remove(req)
+                self._send(req, Update([], "error", req.cached_tokens, error=f"{type(e).__name__}: {e}"))
         self._drop_stopped()
         if self.prefilling:
             self._guard(self.prefilling[:1], lambda: self._prefill(self.prefilling[0]))
@@ -191,12 +198,17 @@ class Engine:
             disk_bytes=c.cache_disk_bytes,
             spacing=c.cache_spacing,
         )
-        disk = f", disk tier {cache.directory} up to {cache.disk_bytes / 2**20:.0f} MiB" if cache.directory else ""
+        files = cache.files
+        disk = "" if files is None else f", disk tier {files.where} up to {files.cap / 2**20:.0f} MiB"
         log.info(
-            "prefix state cache: %.0f MiB of memory%s, a checkpoint every %s prompt tokens",
+            "prefix state cache: %.0f MiB of memory%s; %s",
             cache.memory_bytes / 2**20,
             disk,
-            cache.spacing or "(none: no recurrent state)",
+            "no checkpoints inside prompts (no recurrent state)"
+            if not cache.recurrent
+            else f"a checkpoint every {cache.spacing} prompt tokens"
+            if cache.spacing is not None
+            else f"about {DENSITY} checkpoints a long prompt, {cache.state_bytes / 2**20:.1f} MiB of states each",
         )
         self.metrics.observe_cache(cache)
         return cache
@@ -224,13 +236,28 @@ class Engine:
                 self._send(req, Update([], "error", req.cached_tokens, error=f"{type(e).__name__}: {e}"))
 
     def _start(self, req: Request) -> None:
-        assert self.model is not None
+        assert self.model is not None and self.cache is not None
         req.start(self.model.eos_token_ids, self.model.tokenizer, self.vocab)
+        if self.cache.enabled and req.prompt_logprobs is None:
+            # A prompt stored whole (with its last logits) joins the decode batch at once; any
+            # other looks the cache up when its prefill turn comes (the state it resumes from
+            # may be stored by then).
+            hit = self.cache.lookup(req.prompt, whole=True)
+            if hit is not None and hit.logits is not None:
+                self._resumed(req, hit)
+                req.marks = []
+                self._prefilled(req, hit.logits, join=False)  # joins after the others' first tokens
+                return
         # Prompts already prefilling store a state where this one parts from them.
         for other in self.prefilling:
             if other.marks is not None and other is not req:
                 at = common_prefix(req.prompt, other.prompt)
-                if other.fed < at < len(other.prompt) and at not in other.marks:
+                # Not passed yet, and worth a state (see prefix_cache.MIN_BRANCH).
+                if (
+                    other.fed < at < len(other.prompt)
+                    and at >= other.cached_tokens + MIN_BRANCH
+                    and at not in other.marks
+                ):
                     other.marks = sorted([*other.marks, at])
 
     def _resume(self, req: Request) -> bool:
@@ -243,9 +270,7 @@ class Engine:
         if hit is None:
             self.metrics.cache_misses.inc()
         else:
-            req.resume, req.fed, req.cached_tokens = hit.snapshot, hit.snapshot.length, hit.snapshot.length
-            self.metrics.cache_hits.inc()
-            self.metrics.cache_hit_tokens.inc(req.fed)
+            self._resumed(req, hit)
             if hit.logits is not None:
                 req.marks = []
                 self._prefilled(req, hit.logits)
@@ -268,6 +293,11 @@ class Engine:
                 req.resume = None
         return req.rows
 
+    def _resumed(self, req: Request, hit: Hit) -> None:
+        req.resume, req.fed, req.cached_tokens = hit.snapshot, hit.snapshot.length, hit.snapshot.length
+        self.metrics.cache_hits.inc()
+        self.metrics.cache_hit_tokens.inc(req.fed)
+
     def _prefill(self, req: Request) -> None:
         if req.marks is None and self._resume(req):
             return
@@ -289,14 +319,28 @@ class Engine:
         if req.fed == len(req.prompt):
             self._prefilled(req, logits)
 
-    def _prefilled(self, req: Request, logits: np.ndarray) -> None:
+    def _prefilled(self, req: Request, logits: np.ndarray, join: bool = True) -> None:
         """The prompt is in the states: sample the first token, then join the decode batch
-        (a score-only request ends here)."""
+        (a score-only request ends here). join=False leaves the joining to the caller (_join):
+        requests resumed together send their first tokens before any of them joins."""
         self.prefilling.remove(req)
         self.metrics.prompt_tokens.inc(len(req.prompt))
         if req.score_only:
             self._send(req, Update([], "length", req.cached_tokens, prompt_logprobs=req.scored))
         elif self._advance(req, logits[:1]):
+            self.running.append(req)
+            if join:
+                self._join(req)
+            return
+        req.rows = req.resume = None
+
+    def _join(self, req: Request) -> None:
+        """req (running, its first token sent) brings its states into the decode batch."""
+        if self.batch is not None and req.rows is None and req.resume is not None:
+            # Cached states go straight into the batch (no states of its own to make).
+            self._feed_lag()
+            self.batch.append_row(req.resume, len(req.prompt) + req.cfg.max_new_tokens)
+        else:
             rows = self._states(req)
             if self.batch is None:
                 self.batch = rows
@@ -304,7 +348,6 @@ class Engine:
             else:
                 self._feed_lag()
                 self.batch.extend(rows)
-            self.running.append(req)
         req.rows = req.resume = None
 
     def _decode(self) -> None:
@@ -360,7 +403,7 @@ class Engine:
     def _feed_lag(self) -> None:
         """Feed the lone running request's lag (drafts it kept that its recurrent row took back),
         so that its row has seen all but its last token."""
-        if len(self.running) == 1 and self.batch is not None:
+        if self.batch is not None and self.batch.batch == 1:  # running[0] is its row
             pending = self.running[0].tokens_from(int(self.batch.lengths[0]))
             if len(pending) > 1:
                 feed(self.batch, np.asarray([pending[:-1]], dtype=np.int64))

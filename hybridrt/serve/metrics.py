@@ -52,7 +52,9 @@ class Metrics:
             "hybridrt_prefix_cache_disk_bytes", "Bytes of states in the disk tier", registry=r
         )
         self.cache_disk_budget = Gauge("hybridrt_prefix_cache_disk_budget_bytes", "The disk tier's cap", registry=r)
-        self.cache_spacing = Gauge("hybridrt_prefix_cache_spacing_tokens", "Tokens between checkpoints", registry=r)
+        self.cache_state_bytes = Gauge(
+            "hybridrt_prefix_cache_state_bytes", "Bytes of fixed-size states in each stored checkpoint", registry=r
+        )
         self._cache_counters = {
             name: Counter(f"hybridrt_prefix_cache_{name}", help, registry=r)
             for name, help in (
@@ -79,8 +81,8 @@ class Metrics:
         self.cache_entries.set(len(cache))
         self.cache_budget.set(cache.memory_bytes)
         self.cache_disk_bytes.set(cache.disk)
-        self.cache_disk_budget.set(cache.disk_bytes if cache.directory is not None else 0)
-        self.cache_spacing.set(cache.spacing)
+        self.cache_disk_budget.set(0 if cache.files is None else cache.files.cap)
+        self.cache_state_bytes.set(cache.state_bytes)
         stats = cache.stats
         for name, counter in self._cache_counters.items():
             value = float(getattr(stats, name.replace("saved_prefill_seconds", "saved_seconds")))

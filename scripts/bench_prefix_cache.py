@@ -1,0 +1,401 @@
+"""Serving turn by turn with the prefix state cache, beside llama.cpp's llama-server on the same
+checkpoint: conversations, an agent loop, a shared system prompt, concurrent repeats, and more
+conversations than fit in memory (hybridrt's disk tier).
+
+    # once: the granite-h-350m checkpoint with a sentencepiece tokenizer, hybridrt int4, GGUF q4_0
+    python scripts/bench_prefix_cache.py prepare --work build/prefix --llama-bin LLAMA_CPP/build/bin \\
+        --sdist llama_cpp_python-0.3.36.tar.gz
+    # alternating rounds, each server in its own process; figures to docs/bench/prefix_cache.*
+    python scripts/bench_prefix_cache.py run --work build/prefix --llama-bin LLAMA_CPP/build/bin --rounds 2
+
+Both servers get 2 threads, 8 slots and a ChatML template (hybridrt through --chat-template).
+TTFT is measured by the client from sending a streamed request to its first token; cached tokens
+are what each server reports (hybridrt: usage.prompt_tokens_details.cached_tokens; llama-server:
+timings.cache_n). See ../shared/bench/README.md for building llama-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+CONFIG = HERE.parent.parent / "shared" / "bench" / "configs" / "granite-h-350m.json"
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+THREADS, SLOTS = 2, 8
+
+
+# Preparation.
+
+
+def prepare(work: Path, llama_bin: Path, sdist: Path, config: Path) -> None:
+    sys.path.insert(0, str(HERE))
+    import prepare_peers as peers
+
+    hf = work / "hf"
+    if not (hf / "config.json").exists():
+        subprocess.run([sys.executable, str(HERE / "make_bench_checkpoint.py"), str(config), "-o", str(hf)], check=True)
+    tokenizer = peers.train_tokenizer(work / "tokenizer")
+    peer = work / "peer-hf"
+    if not (peer / "config.json").exists():
+        peers.copy_checkpoint(hf, peer, tokenizer, "granite-h-350m")
+        cfg = peers.granite_config_fixes(json.loads((peer / "config.json").read_text()))
+        (peer / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    onnx = work / "onnx-int4"
+    if not (onnx / "hybridrt.json").exists():
+        cmd = ["hybridrt", "export", str(peer), "-o", str(onnx), "--quantize", "int4", "--no-validate"]
+        subprocess.run(cmd, check=True)
+    (work / "chatml.jinja").write_text(CHATML)
+    gguf = work / "gguf"
+    gguf.mkdir(exist_ok=True)
+    if not (gguf / "f32.gguf").exists():
+        llama = peers.extract_converter(sdist, work / "src")
+        tmp = gguf / "f32.gguf.part"
+        cmd = [
+            sys.executable,
+            "-c",
+            peers.CONVERT,
+            str(llama),
+            "True",
+            str(peer),
+            "--outtype",
+            "f32",
+            "--outfile",
+            str(tmp),
+        ]
+        subprocess.run(cmd, check=True)
+        tmp.rename(gguf / "f32.gguf")
+    if not (gguf / "q4_0.gguf").exists():
+        cmd = [str(llama_bin / "llama-quantize"), str(gguf / "f32.gguf"), str(gguf / "q4_0.gguf"), "Q4_0", "2"]
+        subprocess.run(cmd, check=True)
+
+
+# Servers.
+
+
+class Server:
+    def __init__(self, name: str, cmd: list[str], port: int, log: Path) -> None:
+        self.name, self.url = name, f"http://127.0.0.1:{port}"
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{name} exited: see {log}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{name} did not start in 600 s")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def start(name: str, work: Path, llama_bin: Path, port: int, extra: list[str] = ()) -> Server:  # type: ignore[assignment]
+    if name == "hybridrt":
+        cmd = ["hybridrt", "serve", str(work / "onnx-int4"), "--port", str(port), "--threads", str(THREADS)]
+        cmd += ["--slots", str(SLOTS), "--model-name", "m", "--chat-template", str(work / "chatml.jinja"), *extra]
+    else:
+        cmd = [str(llama_bin / "llama-server"), "-m", str(work / "gguf" / "q4_0.gguf"), "--host", "127.0.0.1"]
+        cmd += ["--port", str(port), "-t", str(THREADS), "-tb", str(THREADS), "-np", str(SLOTS), "-c", "98304"]
+        cmd += ["--no-webui", "--chat-template", "chatml", "-a", "m", *extra]
+    return Server(name, cmd, port, work / f"{name}-{port}.log")
+
+
+# One streamed request: time to first token, the text, cached tokens.
+
+
+def request(url: str, route: str, body: dict[str, Any]) -> dict[str, Any]:
+    body = {"model": "m", "temperature": 0, "stream": True, "stream_options": {"include_usage": True}} | body
+    t0 = time.perf_counter()
+    ttft, text, cached, prompt_tokens, last = None, [], None, None, t0
+    with httpx.stream("POST", f"{url}/v1/{route}", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                piece = choice.get("text") if "text" in choice else delta.get("content")
+                if piece is not None and "role" not in delta:  # a chat stream's first chunk names the role only
+                    ttft = ttft if ttft is not None else time.perf_counter() - t0
+                    text.append(piece)
+                    last = time.perf_counter()
+            usage = chunk.get("usage") or {}
+            if usage.get("prompt_tokens_details"):
+                cached = usage["prompt_tokens_details"].get("cached_tokens", cached)
+            prompt_tokens = usage.get("prompt_tokens", prompt_tokens)
+            if "timings" in chunk:
+                cached = chunk["timings"].get("cache_n", cached)
+    n = body.get("max_tokens", 0)
+    rate = (n - 1) / (last - t0 - ttft) if ttft is not None and n > 1 and last - t0 > ttft else None
+    return {
+        "ttft_ms": None if ttft is None else 1e3 * ttft,
+        "text": "".join(text),
+        "cached": cached,
+        "prompt_tokens": prompt_tokens,
+        "decode_tok_s": rate,
+    }
+
+
+# Text of a given size, the same every run.
+
+
+class Words:
+    def __init__(self, tokenizer: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(str(tokenizer))
+        source = (Path(os.__file__).parent / "argparse.py").read_text() + (
+            Path(os.__file__).parent / "typing.py"
+        ).read_text()
+        self.words = source.split()
+        self.at = 0
+
+    def text(self, tokens: int) -> str:
+        """About `tokens` tokens of text."""
+        out: list[str] = []
+        while len(self.tok.encode(" ".join(out)).ids) < tokens:
+            out.extend(self.words[self.at : self.at + 8])
+            self.at = (self.at + 8) % (len(self.words) - 8)
+        return " ".join(out)
+
+    def count(self, text: str) -> int:
+        return len(self.tok.encode(text).ids)
+
+
+# Workloads: each returns a record of figures.
+
+REPLY = 24
+
+
+def one_stream(url: str, words: Words) -> dict[str, Any]:
+    r = request(url, "completions", {"prompt": words.text(128), "max_tokens": 64, "ignore_eos": True})
+    return {"decode_tok_s": r["decode_tok_s"], "ttft_ms": r["ttft_ms"]}
+
+
+def conversation(url: str, words: Words, chat: bool, turns: int = 6) -> dict[str, Any]:
+    history, messages, out = "", [], []
+    for t in range(turns):
+        user = words.text(150 if t else 128)
+        if chat:
+            messages.append({"role": "user", "content": user})
+            r = request(url, "chat/completions", {"messages": messages, "max_tokens": REPLY, "ignore_eos": True})
+            messages.append({"role": "assistant", "content": r["text"]})
+        else:
+            history += ("\n" if history else "") + f"User: {user}\nAssistant:"
+            r = request(url, "completions", {"prompt": history, "max_tokens": REPLY, "ignore_eos": True})
+            history += r["text"]
+        out.append(r)
+    return {
+        "ttft_ms": [r["ttft_ms"] for r in out],
+        "cached": [r["cached"] for r in out],
+        "prompt_tokens": [r["prompt_tokens"] for r in out],
+    }
+
+
+def agent(url: str, words: Words, steps: int = 10) -> dict[str, Any]:
+    history = f"System: You are an agent with tools.\nTask: {words.text(100)}\nAssistant:"
+    out = []
+    for _ in range(steps):
+        r = request(url, "completions", {"prompt": history, "max_tokens": REPLY, "ignore_eos": True})
+        history += r["text"] + f"\nTool result: {words.text(200)}\nAssistant:"
+        out.append(r)
+    return {"ttft_ms": [r["ttft_ms"] for r in out], "cached": [r["cached"] for r in out]}
+
+
+def shared_system_prompt(url: str, words: Words, system_tokens: int = 8000, requests: int = 16) -> dict[str, Any]:
+    system = f"System: {words.text(system_tokens)}\n"
+    out = [
+        request(
+            url,
+            "completions",
+            {"prompt": system + f"User: {words.text(30)}\nAssistant:", "max_tokens": 8, "ignore_eos": True},
+        )
+        for _ in range(requests)
+    ]
+    first = out[0]["ttft_ms"]
+    return {
+        "ttft_ms": [r["ttft_ms"] for r in out],
+        "cached": [r["cached"] for r in out],
+        "worst_later_share": max(r["ttft_ms"] for r in out[1:]) / first,
+    }
+
+
+def concurrent_repeats(url: str, words: Words, streams: int = 8) -> dict[str, Any]:
+    prompts = [f"User: {words.text(300)}\nAssistant:" for _ in range(streams)]
+    rounds = []
+    body = {"max_tokens": 16, "ignore_eos": True}
+    for _ in range(2):  # the second round's prompts were all seen one round earlier
+        with ThreadPoolExecutor(streams) as pool:
+            rounds.append(list(pool.map(lambda p: request(url, "completions", {"prompt": p} | body), prompts)))
+    return {
+        "ttft_p50_ms": [statistics.median(r["ttft_ms"] for r in rs) for rs in rounds],
+        "cached_second_round": [r["cached"] for r in rounds[1]],
+    }
+
+
+def many_conversations(url: str, words: Words, conversations: int = 64, turns: int = 3) -> dict[str, Any]:
+    """More conversations than the memory budget holds, taking turns: tokens reused against
+    tokens reusable (the agreement of each prompt with its conversation's last prompt and reply)."""
+    histories = ["" for _ in range(conversations)]
+    reused = reusable = 0
+    ttft = []
+    for _ in range(turns):
+        for c in range(conversations):
+            before = histories[c]
+            histories[c] += ("\n" if before else "") + f"User: {words.text(120)}\nAssistant:"
+            r = request(url, "completions", {"prompt": histories[c], "max_tokens": 12, "ignore_eos": True})
+            if before:
+                a, b = words.tok.encode(before).ids, words.tok.encode(histories[c]).ids
+                agree = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                reusable += agree
+                reused += min(r["cached"] or 0, agree)
+                ttft.append(r["ttft_ms"])
+            histories[c] += r["text"]
+    return {
+        "reused": reused,
+        "reusable": reusable,
+        "share": reused / max(reusable, 1),
+        "ttft_p50_ms": statistics.median(ttft),
+    }
+
+
+WORKLOADS: dict[str, Callable[[str, Words], dict[str, Any]]] = {
+    "one_stream": one_stream,
+    "completions_conversation": lambda u, w: conversation(u, w, chat=False),
+    "chat_conversation": lambda u, w: conversation(u, w, chat=True),
+    "agent": agent,
+    "shared_system_prompt": shared_system_prompt,
+    "concurrent_repeats": concurrent_repeats,
+}
+
+
+def run(work: Path, llama_bin: Path, rounds: int, out: Path, servers: list[str]) -> dict[str, Any]:
+    words = Words(work / "peer-hf" / "tokenizer.json")
+    results: dict[str, Any] = {"rounds": []}
+    for k in range(rounds):
+        order = servers if k % 2 == 0 else servers[::-1]
+        record: dict[str, Any] = {}
+        for name in order:
+            words.at = 0  # the same texts for each server
+            server = start(name, work, llama_bin, 8700 + k)
+            try:
+                record[name] = {w: f(server.url, words) for w, f in WORKLOADS.items()}
+            finally:
+                server.stop()
+            print(name, json.dumps(record[name])[:2000], flush=True)
+        results["rounds"].append(record)
+    if "hybridrt" in servers:  # the disk tier: a small memory budget, 64 conversations
+        words.at = 0
+        disk = work / "states"
+        server = start("hybridrt", work, llama_bin, 8790, ["--cache-mb", "512", "--cache-dir", str(disk)])
+        try:
+            results["many_conversations"] = many_conversations(server.url, words)
+        finally:
+            server.stop()
+        print("many_conversations", results["many_conversations"], flush=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    report(results, out)
+    return results
+
+
+def _fmt(values: list[Any]) -> str:
+    return ", ".join("-" if v is None else f"{v:.0f}" for v in values)
+
+
+def report(results: dict[str, Any], out: Path) -> None:
+    """A Markdown table per round (out.md) and TTFT by turn per workload (out.png)."""
+    lines = ["# Prefix state cache, turn by turn (scripts/bench_prefix_cache.py)", ""]
+    for k, record in enumerate(results["rounds"]):
+        lines += [f"## Round {k + 1}", "", "| workload | " + " | ".join(record) + " |", "|---|" + "---|" * len(record)]
+        rows = [
+            ("one stream: decode tok/s", lambda r: f"{r['one_stream']['decode_tok_s']:.1f}"),
+            ("completions conversation: TTFT by turn, ms", lambda r: _fmt(r["completions_conversation"]["ttft_ms"])),
+            ("completions conversation: cached tokens", lambda r: _fmt(r["completions_conversation"]["cached"])),
+            ("chat conversation: TTFT by turn, ms", lambda r: _fmt(r["chat_conversation"]["ttft_ms"])),
+            ("agent, 10 steps: TTFT by step, ms", lambda r: _fmt(r["agent"]["ttft_ms"])),
+            ("8,000-token system prompt, 16 requests: TTFT, ms", lambda r: _fmt(r["shared_system_prompt"]["ttft_ms"])),
+            (
+                "... the slowest of the 15 later / the first",
+                lambda r: f"{r['shared_system_prompt']['worst_later_share']:.3f}",
+            ),
+            (
+                "8 concurrent streams, seen one round earlier: TTFT p50, ms",
+                lambda r: _fmt(r["concurrent_repeats"]["ttft_p50_ms"][1:]),
+            ),
+        ]
+        for name, cell in rows:
+            lines.append(f"| {name} | " + " | ".join(cell(r) for r in record.values()) + " |")
+        lines.append("")
+    if "many_conversations" in results:
+        m = results["many_conversations"]
+        lines += [
+            f"64 conversations taking 3 turns each through a 512 MiB memory budget with the disk tier: "
+            f"{m['reused']:,} of {m['reusable']:,} reusable tokens reused ({100 * m['share']:.1f}%), TTFT p50 "
+            f"{m['ttft_p50_ms']:.0f} ms.",
+            "",
+        ]
+    out.with_suffix(".md").write_text("\n".join(lines))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    last = results["rounds"][-1]
+    panels = ("completions_conversation", "chat_conversation", "agent", "shared_system_prompt")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
+    for ax, w in zip(axes, panels):
+        for name, r in last.items():
+            ax.plot(range(1, len(r[w]["ttft_ms"]) + 1), r[w]["ttft_ms"], marker="o", label=name)
+        ax.set_title(w.replace("_", " "), fontsize=9)
+        ax.set_xlabel("turn / request")
+        ax.set_yscale("log" if w == "shared_system_prompt" else "linear")
+    axes[0].set_ylabel("time to first token, ms")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".png"), dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("step", choices=["prepare", "run"])
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--llama-bin", type=Path, required=True, help="the folder with llama-server and llama-quantize")
+    ap.add_argument("--sdist", type=Path, help="llama-cpp-python's source distribution (prepare: the converter)")
+    ap.add_argument("--config", type=Path, default=CONFIG)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--servers", default="hybridrt,llama-server")
+    ap.add_argument("--out", type=Path, default=HERE.parent / "docs" / "bench" / "prefix_cache")
+    args = ap.parse_args()
+    if args.step == "prepare":
+        prepare(args.work, args.llama_bin, args.sdist, args.config)
+    else:
+        run(args.work, args.llama_bin, args.rounds, args.out, args.servers.split(","))
+
+
+if __name__ == "__main__":
+    main()
