@@ -8,6 +8,7 @@ lifespan stops the engine, all within GRACEFUL_SHUTDOWN_S. After SIGTERM the pro
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import threading
@@ -60,6 +61,10 @@ def serve(app: Any, host: str, port: int, log_level: str = "info") -> None:
     # uvicorn raises the signal it caught again once it has shut down, under the handler it
     # found: a drained SIGTERM is a normal end (status 0), not a kill.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    # The engine's own lines (the model loading, the prefix cache's budget and tiers) beside
+    # uvicorn's, at the same level.
+    logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s")
+    logging.getLogger("hybridrt").setLevel(getattr(logging, log_level.upper(), logging.DEBUG))
     try:
         _uvicorn(app, host, port, log_level).run()
     finally:
