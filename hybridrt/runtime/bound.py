@@ -87,7 +87,7 @@ class BoundStepper(Stepper):
         self.reserved = batch  # rows the host buffers have room for (>= batch)
         self.floor = 0  # room kept however few rows are left (reserve)
         self._gathers = Gathers()  # the Gather sessions of `reorder` off the host
-        self._allocate([self._zeros(s) for s in self.kv], [[self._zeros(s) for s in self.fixed]] * self.sets)
+        self._allocate([self._zeros(s) for s in self.kv], [[self._zeros(s) for s in self.fixed]] * self.sets, zeros=True)
 
     def _zeros(self, spec: TensorSpec) -> np.ndarray:
         return np.zeros(state_shape(spec, self.batch, self.capacity), NUMPY_DTYPES[spec.dtype])
@@ -100,14 +100,19 @@ class BoundStepper(Stepper):
             return ort.OrtValue.ortvalue_from_numpy(x)
         return ort.OrtValue.ortvalue_from_numpy(x, *self.device)
 
-    def _allocate(self, kv: list[np.ndarray], fixed: list[list[np.ndarray]], reserve: int = 0) -> None:
+    def _allocate(
+        self, kv: list[np.ndarray], fixed: list[list[np.ndarray]], reserve: int = 0, zeros: bool = False
+    ) -> None:
         """Buffers from host arrays of self.batch rows (KV, and the `ring` sets of the fixed
-        states); on the host with room for `reserve` rows, so that rows join and leave in place."""
+        states); on the host with room for `reserve` rows, so that rows join and leave in place.
+        zeros: the arrays are all zeros, so nothing is copied (fresh np.zeros pages cost nothing
+        until written: a new request's states are not written twice)."""
         self.reserved = max(reserve, self.batch) if self.on_host else self.batch
 
         def pool(x: np.ndarray) -> np.ndarray:
             buffer = np.zeros((self.reserved, *x.shape[1:]), x.dtype)
-            buffer[: len(x)] = x
+            if not zeros:
+                buffer[: len(x)] = x
             return buffer
 
         # A state in place is one buffer that every set shares (bound as past and present): only
