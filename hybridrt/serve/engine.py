@@ -314,10 +314,15 @@ class Engine:
             logits = every[-1:]
         self.cache.observe(end - req.fed, time.perf_counter() - t0)
         req.fed = end
+        if end < len(req.prompt):
+            if end in req.marks:
+                self.cache.put(req.prompt[:end], rows.row(0))
+            return
+        # The first token goes out before the prompt's states are copied into the cache: `rows`
+        # (now the decode batch, or copied into it) holds them until the next decode step.
+        self._prefilled(req, logits)
         if end in req.marks:
-            self.cache.put(req.prompt[:end], rows.row(0), logits if end == len(req.prompt) else None)
-        if req.fed == len(req.prompt):
-            self._prefilled(req, logits)
+            self.cache.put(req.prompt, rows.row(0), logits)
 
     def _prefilled(self, req: Request, logits: np.ndarray, join: bool = True) -> None:
         """The prompt is in the states: sample the first token, then join the decode batch
