@@ -14,7 +14,7 @@ from checkpoints import make_jamba
 
 import hybridrt
 from hybridrt.export.onnx_export import check_graph
-from hybridrt.export.trace import GraphModule, dynamic_shapes, example_inputs, feeds
+from hybridrt.export.trace import GraphModule, feeds
 from hybridrt.export.validate import measure_parity, ort_runner, torch_runner
 from hybridrt.graphs.contract import GraphContract
 from hybridrt.graphs.manifest import read_manifest
@@ -139,19 +139,23 @@ def test_each_mamba_scan_is_one_self_contained_scan(jamba_onnx: Path) -> None:
     assert ssm.dims[1:] == (cfg["mamba_d_state"], cfg["mamba_expand"] * cfg["hidden_size"])
 
 
-def test_node_count_does_not_depend_on_trace_length(jamba_dir: Path, tmp_path: Path) -> None:
-    """Nothing is unrolled over time: tracing at 5 or 37 tokens gives the same graph size."""
-    from hybridrt.export.onnx_export import export_program, to_onnx
+def test_node_count_does_not_depend_on_trace_length(jamba_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing is unrolled over time: the outer graph and every distinct layer's template (what
+    export instantiates for each layer) traced at 5 or 37 tokens have the same nodes."""
+    from hybridrt.export import fragments
 
-    model, _ = load_model(jamba_dir)
-    module = GraphModule(model).eval()
+    cfg = load_model(jamba_dir)[0].config
+    outer = fragments.outer_model(cfg)
+    layers = list(range(cfg.num_layers))
+    blocks, shared = fragments.layer_blocks(cfg, layers)
+    distinct = {fragments.signature(cfg, outer, i, blocks[i], shared): i for i in layers}
     counts = []
     for seq in (5, 37):
-        with torch.no_grad():
-            program = export_program(module, example_inputs(module, seq), dynamic_shapes(module.contract))
-            graph, _ = to_onnx(program, module, tmp_path / f"m{seq}.onnx")
-        counts.append(len(graph.graph.node))
-    assert counts[0] == counts[1]
+        monkeypatch.setattr(fragments, "EXAMPLE_SEQ", seq)  # traced anew: no trace cache is read here
+        traced = [fragments.trace_layer(cfg, outer, i, blocks[i], shared, True) for i in distinct.values()]
+        traced.append(fragments.trace_outer(cfg, outer, True))
+        counts.append([len(t.model.graph.node) for t in traced])
+    assert counts[0] == counts[1] and len(counts[0]) >= 3
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "pt2"])

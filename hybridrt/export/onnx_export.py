@@ -14,13 +14,11 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
 
 import onnx
 import torch
 import torch.fx.experimental._config
 
-from ..graphs.files import save_onnx
 from ..models.ops import fused_ops, onnx_translations
 from .trace import GraphModule
 
@@ -47,35 +45,6 @@ def export_program(
         return torch.export.export(
             module, args, dynamic_shapes=dyn, strict=False, prefer_deferred_runtime_asserts_over_guards=True
         )
-
-
-def to_onnx(
-    program: torch.export.ExportedProgram, module: GraphModule, path: Path, fuse_norms: bool = False
-) -> tuple[onnx.ModelProto, dict[str, Any] | None]:
-    """Write the program as ONNX at `path`; `fuse_norms` runs the RMSNorm fusion (fuse.py) and
-    returns what it did (None when it did not run)."""
-    ins, outs = list(module.contract.inputs), list(module.contract.outputs)
-    model = program_to_onnx(program, [s.name for s in ins], [s.name for s in outs])
-    _name_dims(model, {s.name: s.dims for s in ins + outs})
-    _name_nodes(model)
-    model.producer_name = "hybridrt"
-    from .fuse import expand_selective_scans
-
-    fusion = None
-    if fuse_norms:
-        from .fuse import fold_scales, pack_qkv
-        from .fuse import fuse_norms as fuse
-
-        fusion = fuse(model)
-        fusion["packed_qkv"] = pack_qkv(model)
-        fusion["folded_scales"] = fold_scales(model)
-    scans = expand_selective_scans(model)  # the fused Mamba1 scans' placeholders, if any
-    if fusion is not None:
-        fusion["selective_scans"] = scans
-    n_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
-    save_onnx(model, path, external=n_bytes > EXTERNAL_DATA_THRESHOLD)
-    check_graph(path)
-    return model, fusion
 
 
 def program_to_onnx(

@@ -87,7 +87,9 @@ class BoundStepper(Stepper):
         self.reserved = batch  # rows the host buffers have room for (>= batch)
         self.floor = 0  # room kept however few rows are left (reserve)
         self._gathers = Gathers()  # the Gather sessions of `reorder` off the host
-        self._allocate([self._zeros(s) for s in self.kv], [[self._zeros(s) for s in self.fixed]] * self.sets, zeros=True)
+        self._allocate(
+            [self._zeros(s) for s in self.kv], [[self._zeros(s) for s in self.fixed]] * self.sets, zeros=True
+        )
 
     def _zeros(self, spec: TensorSpec) -> np.ndarray:
         return np.zeros(state_shape(spec, self.batch, self.capacity), NUMPY_DTYPES[spec.dtype])
