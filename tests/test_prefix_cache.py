@@ -16,7 +16,8 @@ from family_checkpoints import make_granitemoehybrid
 import hybridrt
 from hybridrt.errors import GenerationError
 from hybridrt.runtime.decode import prefill_cached
-from hybridrt.runtime.prefix_cache import MIN_SPACING, READ_BYTES_PER_S, TAIL, StateCache, spacing_for
+from hybridrt.runtime.prefix_cache import StateCache
+from hybridrt.runtime.prefix_plan import MIN_SPACING, READ_BYTES_PER_S, TAIL, spacing_for
 from hybridrt.runtime.radix import RadixTree
 
 TOL = 1e-5

@@ -311,7 +311,7 @@ def test_a_retokenized_turn_resumes_a_few_tokens_before_the_last_prompt_ended(ja
     the reply's first characters can merge with the prompt's last token, so no stored prompt
     or reply end started the next turn and every turn prefilled its whole history. The state
     stored TAIL tokens before each prompt's end serves it."""
-    from hybridrt.runtime.prefix_cache import TAIL
+    from hybridrt.runtime.prefix_plan import TAIL
 
     model = hybridrt.load(jamba_onnx)
     engine = _engine(model, slots=2, chunk=8)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .prefix_cache import StateCache, chunk_end
+from .prefix_cache import StateCache
+from .prefix_plan import chunk_end
 from .sampling import GenerationConfig, sample
 from .state import Stepper
 
@@ -163,7 +164,7 @@ def generate(
     rng = np.random.default_rng(cfg.seed)
     stats.tokens = [[] for _ in range(b)]
     stats.prompt_tokens = sum(len(p) for p in prompts)
-    context = list((history or prompts)[0])
+    context = list((history or prompts)[0]) if cache is not None else []
     t0 = time.perf_counter()
     if cache is not None:
         logits, stats.cached_tokens = prefill_cached(stepper, context, cache)

@@ -15,10 +15,11 @@ from . import decode as dec
 from .beam import beam_search
 from .bound import BoundStepper
 from .evaluate import evaluate
-from .prefix_cache import StateCache, identity
+from .prefix_cache import StateCache
 from .sampling import GenerationConfig
 from .speculative import Draft, check_draft, speculate
 from .state import PlainStepper, Stepper
+from .state_files import identity
 from .text import Prompts, StreamDecoder, as_prompts, decode, need_tokenizer, stop_check
 from .validate import check_eos_ids, check_memory
 
@@ -128,13 +129,8 @@ class Model:
         cfg = self.generation_config(**kwargs)
         prompts = self.prompt_rows(prompt, cfg)
         self.check_length(prompts.rows, cfg)
-        if cache is not None:
+        if cache is not None:  # one prompt, no beams, no draft: the plain loop below
             self._check_cache(cache, prompts, cfg, assistant_model)
-            stats = dec.GenerationStats()
-            stepper = self.stepper(1, self._capacity_for(prompts.rows, cfg))
-            for _ in self._steps(stepper, prompts.rows, cfg, stats, cache=cache):
-                pass
-            return self._format(prompts, stats.tokens), stats
         if assistant_model is not None:
             if cfg.num_beams > 1:
                 raise GenerationError(
@@ -157,7 +153,7 @@ class Model:
             tokens = beam_search(stepper, prompts.rows, cfg, eos, stats)
             return self._format(prompts, tokens, cfg.num_return_sequences), stats
         stepper = self.stepper(len(prompts.rows), capacity)
-        for _ in self._steps(stepper, prompts.rows, cfg, stats):
+        for _ in self._steps(stepper, prompts.rows, cfg, stats, cache=cache):
             pass
         return self._format(prompts, stats.tokens), stats
 

@@ -1,33 +1,6 @@
 """Prefix state cache: states after chosen prefixes of prompts and replies, found by longest
-common prefix, kept in memory within a byte budget and, optionally, on disk.
-
-A hybrid's recurrent (conv, SSM) state cannot be cut back to a shorter prefix, so a request can
-only resume from a state stored at or before the first token where it differs from what was
-seen. States are therefore stored at checkpoints (`plan`):
-
-- every `spacing` tokens of a long prompt (positions that are multiples of it, so prompts of
-  different lengths that share a prefix share those checkpoints; see `spacing_for`);
-- where a prompt parts from something already stored or from another queued prompt (a shared
-  system prompt gets one exact checkpoint at its end, the first time a second request shows
-  it), unless that is within MIN_BRANCH tokens of where the prefill starts;
-- TAIL tokens before a prompt's end: a conversation resent as text is tokenized again, and the
-  reply's first characters may merge with the prompt's last token, so the next turn agrees
-  with this one up to a few tokens before its end, never to the end itself;
-- at a prompt's end (with its last logits: the same prompt again prefills nothing) and at a
-  reply's end (what a chat template's next turn continues from).
-
-Spacing: a prefill of L new tokens gets about DENSITY checkpoints, every power of two near
-L / DENSITY tokens (at least MIN_SPACING, at most MAX_SPACING), so a request that parts from it
-anywhere re-prefills at most about 1/DENSITY of it (a new question after a long shared system
-prompt: ~6% of the first request's prefill, then nothing more once its branch point is
-stored); a turn that appends a few hundred tokens to a cached conversation stores only its
-tail and end. A checkpoint is never closer than the tokens whose prefill takes as long as
-reading the checkpoint back from disk (its fixed-size states, S bytes a row, at
-READ_BYTES_PER_S and the measured prefill rate): below that, storing it saves nothing. The
-fixed-size states weigh the same at every position; value-based eviction (below) drops the
-checkpoints that are never used first, since a shallow checkpoint saves less prefill per byte
-than a deep one. A model without recurrent state needs no checkpoints inside prompts: its KV
-can be cut to any prefix, so any stored entry that agrees further serves (`lookup`).
+common prefix in a radix tree (runtime.radix), kept in memory within a byte budget and,
+optionally, on disk (runtime.state_files). Where a prefill stores them is runtime.prefix_plan's.
 
 Memory is a budget (default: MEMORY_SHARE of the memory available at start). When it is
 exceeded, entries leave in order of value (GreedyDual-Size-Frequency: prefill seconds the entry
@@ -41,10 +14,7 @@ that cannot be written turns the disk tier off with a warning; no request fails 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
 import os
 import threading
 from collections.abc import Sequence
@@ -56,18 +26,13 @@ import numpy as np
 
 from ..errors import GenerationError
 from ..graphs.contract import TensorSpec
-from ..graphs.manifest import Manifest
+from .prefix_plan import fixed_bytes, marks
 from .radix import Node, RadixTree, common_prefix
 from .state import Snapshot, _fit
-from .state_files import StateFiles
+from .state_files import StateFiles, identity
 
 log = logging.getLogger("hybridrt.cache")
 
-TAIL = 4
-DENSITY = 16
-MIN_SPACING, MAX_SPACING = 256, 8192
-MIN_BRANCH = 64  # a branch point closer than this to where a prefill starts is not stored
-READ_BYTES_PER_S = 1e9
 MEMORY_SHARE = 0.25
 
 
@@ -83,46 +48,6 @@ def available_memory() -> int:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return 4 << 30
-
-
-def identity(manifest: Manifest, directory: Path) -> str:
-    """What a stored state belongs to: every file of the export (sha256, as the manifest
-    records them) and the state specs; an export without recorded files is named by its path
-    and its graph's size and time."""
-    parts: dict[str, Any] = {"files": manifest.files, "pasts": [s.to_dict() for s in manifest.pasts]}
-    if not manifest.files:
-        graph = directory / manifest.graph_file
-        st = graph.stat() if graph.is_file() else None
-        parts["graph"] = [str(directory.resolve()), st and st.st_size, st and st.st_mtime_ns]
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
-
-
-def fixed_bytes(pasts: Sequence[TensorSpec]) -> int:
-    """Bytes of one row's fixed-size (conv, SSM) states: what every checkpoint holds."""
-    return sum(_row_bytes(s, 0) for s in pasts if not s.is_kv)
-
-
-def spacing_for(length: int, state_bytes: int, seconds_per_token: float) -> int:
-    """Tokens between checkpoints in a prefill of `length` new tokens (see the module docstring):
-    the power of two nearest length / DENSITY, or the one at or above the tokens whose prefill
-    takes as long as reading a checkpoint back, if larger; within MIN_SPACING..MAX_SPACING."""
-    near = 1 << max(0, round(math.log2(max(length / DENSITY, 1))))
-    worth = state_bytes / READ_BYTES_PER_S / max(seconds_per_token, 1e-9)
-    above = 1 << max(0, math.ceil(math.log2(max(worth, 1))))
-    return min(max(near, above, MIN_SPACING), MAX_SPACING)
-
-
-def _row_bytes(spec: TensorSpec, positions: int) -> int:
-    n = 1
-    for d in spec.dims[1:]:
-        n *= positions if spec.kv_axis is not None and d == spec.dims[spec.kv_axis] else int(d)
-    return n * np.dtype(spec.dtype).itemsize
-
-
-def chunk_end(fed: int, chunk: int, length: int, marks: Sequence[int]) -> int:
-    """Where a prefill call that starts at `fed` ends: after at most `chunk` tokens, at the
-    prompt's end, or at the next checkpoint, so that storing a checkpoint costs a copy."""
-    return min([fed + chunk, length, *(m for m in marks if m > fed)])
 
 
 @dataclass(eq=False)
@@ -223,24 +148,14 @@ class StateCache:
             self.seconds_per_token = 0.8 * self.seconds_per_token + 0.2 * seconds / tokens
 
     def plan(self, tokens: Sequence[int], start: int, others: Sequence[Sequence[int]] = ()) -> list[int]:
-        """Checkpoint positions after `start` for a prefill of `tokens` (see the module
-        docstring); `others` are prompts queued beside it."""
-        end = len(tokens)
-        marks = {end}
-        if not self.recurrent:  # KV can be cut to any prefix: the end is enough
-            return [end] if end > start else []
-        if end - TAIL > start:
-            marks.add(end - TAIL)
-        every = self.spacing
-        if every is None:
-            every = spacing_for(end - start, self.state_bytes, self.seconds_per_token)
-        if every:
-            marks.update(range((start // every + 1) * every, end, every))
+        """Checkpoint positions after `start` for a prefill of `tokens` (runtime.prefix_plan);
+        `others` are prompts queued beside it."""
+        if not self.recurrent:
+            return marks(len(tokens), start, False, self.spacing, self.state_bytes, self.seconds_per_token, [])
         with self.lock:
             parts = [self.tree.match(tokens).agree] if self.entries else []
         parts += [common_prefix(tokens, o) for o in others]
-        marks.update(a for a in parts if start + MIN_BRANCH <= a < end)
-        return sorted(m for m in marks if m > start)
+        return marks(len(tokens), start, True, self.spacing, self.state_bytes, self.seconds_per_token, parts)
 
     def lookup(self, tokens: Sequence[int], whole: bool = False) -> Hit | None:
         """The deepest stored state to resume `tokens` from: one whose prefix they start with,

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from ..graphs.manifest import Manifest
+
 FILE_FORMAT = 1
 DISK_SHARE = 0.5  # of the free space in the directory at start, the default cap
 
@@ -34,6 +36,18 @@ class Record:
     cost: float
     hits: int
     has_logits: bool
+
+
+def identity(manifest: Manifest, directory: Path) -> str:
+    """What a stored state belongs to: every file of the export (sha256, as the manifest
+    records them) and the state specs; an export without recorded files is named by its path
+    and its graph's size and time."""
+    parts: dict[str, Any] = {"files": manifest.files, "pasts": [s.to_dict() for s in manifest.pasts]}
+    if not manifest.files:
+        graph = directory / manifest.graph_file
+        st = graph.stat() if graph.is_file() else None
+        parts["graph"] = [str(directory.resolve()), st and st.st_size, st and st.st_mtime_ns]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 class StateFiles:

@@ -54,7 +54,8 @@ import numpy as np
 from ..errors import HybridrtError
 from ..runtime.decode import feed
 from ..runtime.model import Model
-from ..runtime.prefix_cache import DENSITY, MIN_BRANCH, Hit, StateCache
+from ..runtime.prefix_cache import Hit, StateCache
+from ..runtime.prefix_plan import DENSITY, MIN_BRANCH, chunk_end
 from ..runtime.radix import common_prefix
 from ..runtime.speculative import Chooser, Draft, check_draft, draft_length
 from ..runtime.state import Stepper
@@ -180,7 +181,6 @@ class Engine:
             else:
                 self._guard(self.running, self._decode)
         self.metrics.busy_slots.set(len(self.prefilling) + len(self.running))
-        self.metrics.observe_cache(self.cache)
         return True
 
     def _loaded(self, model: Model) -> None:
@@ -210,7 +210,7 @@ class Engine:
             if cache.spacing is not None
             else f"about {DENSITY} checkpoints a long prompt, {cache.state_bytes / 2**20:.1f} MiB of states each",
         )
-        self.metrics.observe_cache(cache)
+        self.metrics.cache = cache
         return cache
 
     def _admit(self) -> list[Request]:
@@ -303,7 +303,7 @@ class Engine:
             return
         assert req.marks is not None and self.cache is not None
         rows = self._states(req)
-        end = min([req.fed + self.config.chunk, len(req.prompt), *(m for m in req.marks if m > req.fed)])
+        end = chunk_end(req.fed, self.config.chunk, len(req.prompt), req.marks)
         ids = np.asarray([req.prompt[req.fed : end]], dtype=np.int64)
         t0 = time.perf_counter()
         if req.prompt_logprobs is None:

@@ -66,6 +66,7 @@ class Metrics:
             )
         }
         self._cache_seen: dict[str, float] = {}
+        self.cache: StateCache | None = None  # read at each scrape, never on the engine's turns
         self.drafted_tokens = Counter(
             "hybridrt_speculative_drafted_tokens", "Tokens the assistant model proposed", registry=r
         )
@@ -74,7 +75,7 @@ class Metrics:
         )
 
     def observe_cache(self, cache: StateCache | None) -> None:
-        """Bring the prefix cache's gauges and counters up to date (the engine calls it each turn)."""
+        """Bring the prefix cache's gauges and counters up to date (render calls it)."""
         if cache is None:
             return
         self.cache_bytes.set(cache.memory)
@@ -92,4 +93,5 @@ class Metrics:
             self._cache_seen[name] = value
 
     def render(self) -> bytes:
+        self.observe_cache(self.cache)
         return generate_latest(self.registry)
