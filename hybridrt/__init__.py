@@ -74,15 +74,12 @@ def export_model(
     kwargs: dict[str, Any] = dict(
         format=format, force=force, validate=validate, fused_ops=fused_ops, fuse_norms=fuse_norms, progress=progress
     )
-    if quantize is not None:
-        from .quantization.direct import export_quantized
+    if quantize is not None:  # the export's streamed writer runs the quantization pass on each layer
+        from .quantization.direct import FragmentQuantizer
 
         if layout != "hybridrt":
             from .export.layouts import check_layout
 
             check_layout(layout, checkpoint_dir(src), format, quantized=True)
-
-        return export_quantized(  # type: ignore[no-any-return]
-            checkpoint_dir(src), out, quantize, quantize_options, eval_text=eval_text, layout=layout, **kwargs
-        )
+        kwargs["quantizer"] = FragmentQuantizer(quantize, **(quantize_options or {}))
     return export(checkpoint_dir(src), out, eval_text=eval_text, layout=layout, **kwargs)

@@ -155,6 +155,12 @@ def test_quantize_while_exporting_equals_export_then_quantize(
     assert a["vocab"] == b["vocab"]
     assert direct.in_place == after.in_place and direct.in_place  # Granite's conv and SSM states
     assert not (tmp_path / "direct" / ".float").exists()
+    # validate (the default) checks the float graph written beside for the report: its parity is
+    # the quantized graph's parent's, as `quantize` records its parent's export parity.
+    parity = a["parent"]["parity"]
+    assert parity["passed"] is True and parity["max_abs_logits"] < parity["tolerance"]
+    on_disk = json.loads((tmp_path / "direct" / "hybridrt.json").read_text())
+    assert on_disk == json.loads(json.dumps(direct.to_dict()))  # the one manifest, written once
     ops = {n.op_type for n in onnx.load(str(tmp_path / "direct" / "model.onnx")).graph.node}
     assert ("MatMulNBits" if mode == "int4" else "MatMulInteger") in ops
 
@@ -182,6 +188,8 @@ def test_quantize_while_exporting_keeps_each_layers_shapes_apart(tmp_path: Path,
 def test_quantize_while_exporting_without_text_skips_the_report(granite: Path, tmp_path: Path) -> None:
     manifest = hybridrt.export_model(granite, tmp_path / "q", quantize="int8-weight")
     assert manifest.quantization is not None and manifest.quantization["report_skipped"]
+    # No float graph was written, so validate has nothing to check: it says so, not silently.
+    assert "--eval-text" in manifest.quantization["parent"]["parity"]["skipped"]
     assert len(hybridrt.load(tmp_path / "q").generate([5, 6, 7], max_new_tokens=4)) == 4
 
 

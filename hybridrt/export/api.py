@@ -30,6 +30,11 @@ from .layouts import DEFAULT_LAYOUT, TRANSFORMERS_JS, check_layout, write_transf
 from .trace import GraphModule, dynamic_shapes, example_inputs
 
 FORMATS = tuple(GRAPH_FILES)
+# Why a quantizing export without --eval-text checks no parity: it never holds the float graph.
+DIRECT_PARITY = (
+    "each layer was quantized as it was written, so no float graph exists to check against PyTorch; "
+    "pass --eval-text to write one beside it, check its parity and measure the quantized graph against it"
+)
 
 
 def export(
@@ -200,12 +205,16 @@ def _write_onnx(
             manifest.provenance["trace_cache"] = written.trace_cache
         manifest.provenance["write_seconds"] = round(written.write_seconds, 2)
         manifest.provenance["memory_plan_mb"] = {k: round(v / 1e6) for k, v in plan.items()}
-        if quantizer is not None:
-            return quantizer.finish(manifest, src, tmp, float_dir, eval_text, weights.nbytes(), say)  # type: ignore[no-any-return]
-        if validate:
+        if validate and quantizer is not None and float_dir is None:
+            manifest.parity = {"skipped": DIRECT_PARITY}
+            say(f"parity check skipped: {DIRECT_PARITY}")
+        elif validate:  # the float graph: the export's own, or the copy written beside a quantized one
+            checked = graph_path if float_dir is None else float_dir / GRAPH_FILES["onnx"]
             say("checking parity against PyTorch, one layer at a time")
-            report = val.measure_parity_streamed(weights, graph_path, contract=contract)
+            report = val.measure_parity_streamed(weights, checked, contract=contract)
             _check_parity(manifest, report, say)
+        if quantizer is not None:  # its record and quality report; the parity above becomes its parent's
+            manifest = quantizer.finish(manifest, src, tmp, float_dir, eval_text, weights.nbytes(), say)
     return manifest
 
 

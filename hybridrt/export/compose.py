@@ -22,6 +22,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..graphs.contract import GraphContract, TensorSpec
+from ..graphs.edit import live, node_reads, toposort
 from .fragments import WEIGHT, Template
 
 STANDARD = ("", "ai.onnx")
@@ -326,11 +327,11 @@ def assemble(fragments: Iterable[Fragment], contract: GraphContract, data: DataF
         for o in frag.opsets:
             opsets[o.domain] = max(opsets.get(o.domain, 0), o.version)
     io = {s.name for s in (*inputs, *outputs)}
-    nodes = _live(nodes, {s.name for s in outputs})
-    read = {i for n in nodes for i in _reads(n)}
+    nodes = live(nodes, {s.name for s in outputs})
+    read = {i for n in nodes for i in node_reads(n)}
     made = {o for n in nodes for o in n.output}
     graph = helper.make_graph(
-        _toposort(nodes),
+        toposort(nodes),
         "hybridrt",
         [value_info(s) for s in inputs],
         [value_info(s) for s in outputs],
@@ -338,57 +339,3 @@ def assemble(fragments: Iterable[Fragment], contract: GraphContract, data: DataF
         value_info=[v for v in info if v.name not in io and v.name in made],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
-
-
-def _live(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
-    """The nodes that the graph's outputs depend on. The outer graph's template computes every
-    context field, and a field no layer of this model reads (rotary tables when attention
-    rotates inside its operator) would otherwise run at every call."""
-    made = {o: n for n in nodes for o in n.output if o}
-    live: set[int] = set()
-    todo = [made[o] for o in outputs if o in made]
-    while todo:
-        node = todo.pop()
-        if id(node) in live:
-            continue
-        live.add(id(node))
-        todo += [made[i] for i in _reads(node) if i in made]
-    return [n for n in nodes if id(n) in live]
-
-
-def _toposort(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """Kahn's order, stable in the given order (the outer graph's head waits for the last layer)."""
-    import heapq
-
-    made = {o: i for i, n in enumerate(nodes) for o in n.output if o}
-    waiting = [0] * len(nodes)
-    users: dict[int, list[int]] = {}
-    for i, n in enumerate(nodes):
-        deps = {made[x] for x in _reads(n) if x in made and made[x] != i}
-        waiting[i] = len(deps)
-        for d in deps:
-            users.setdefault(d, []).append(i)
-    ready = [i for i in range(len(nodes)) if waiting[i] == 0]
-    heapq.heapify(ready)
-    out: list[onnx.NodeProto] = []
-    while ready:
-        i = heapq.heappop(ready)
-        out.append(nodes[i])
-        for u in users.get(i, ()):
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                heapq.heappush(ready, u)
-    if len(out) != len(nodes):
-        raise RuntimeError("the composed graph has a cycle")
-    return out
-
-
-def _reads(node: onnx.NodeProto) -> list[str]:
-    """A node's inputs, with the outer values its subgraphs (Scan bodies) read."""
-    reads = [i for i in node.input if i]
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            inner = {v.name for v in attr.g.input} | {t.name for t in attr.g.initializer}
-            inner |= {o for n in attr.g.node for o in n.output}
-            reads += [i for n in attr.g.node for i in n.input if i and i not in inner]
-    return reads

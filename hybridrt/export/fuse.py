@@ -280,7 +280,7 @@ def fold_scales(model: onnx.ModelProto, owned: Callable[[str], bool] = lambda na
     import numpy as np
     from onnx import numpy_helper
 
-    from ..quantization.rewrites import node_reads
+    from ..graphs.edit import node_reads
 
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
@@ -333,9 +333,9 @@ def fold_scales(model: onnx.ModelProto, owned: Callable[[str], bool] = lambda na
             done += 1
             break
     if done:
-        from ..models.ops.graph_edit import drop_dead
+        from ..graphs.edit import prune
 
-        drop_dead(graph)
+        prune(graph, initializers=True)
         made = {o for n in graph.node for o in n.output}
         for v in [v for v in graph.value_info if v.name not in made]:
             graph.value_info.remove(v)

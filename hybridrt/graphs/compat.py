@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import GraphError
+from .edit import prune, walk
 
 QUERY_SEQLENS = 16  # GroupQueryAttention's input index of query_seqlens (1.32)
 # GroupQueryAttention's length inputs (index: the graph input for_graph_capture makes of it)
@@ -79,7 +80,7 @@ def for_graph_capture(graph: Path, query_seqlens: bool = True) -> tuple[bytes, t
         shape = [] if name == TOTAL_LENGTH else ["batch"]
         model.graph.input.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.INT32, shape))
     if added:
-        _prune(model.graph)
+        prune(model.graph)
     return model.SerializeToString(), tuple(added)
 
 
@@ -111,30 +112,10 @@ def _load(graph: Path, why: str) -> Any:
 
 def _drop_query_seqlens(model: Any) -> bool:
     changed = False
-    for node in _nodes(model.graph):
+    for node in walk(model.graph):
         if node.op_type == "GroupQueryAttention" and len(node.input) > QUERY_SEQLENS:
             del node.input[QUERY_SEQLENS:]
             while node.input and not node.input[-1]:
                 del node.input[-1]
             changed = True
     return changed
-
-
-def _prune(graph: Any) -> None:
-    """Drop the nodes whose outputs nothing reads (repeatedly: what fed only them goes too)."""
-    outputs = {o.name for o in graph.output}
-    while True:
-        read = outputs | {i for n in _nodes(graph) for i in n.input}
-        kept = [n for n in graph.node if any(o in read for o in n.output)]
-        if len(kept) == len(graph.node):
-            return
-        del graph.node[:]
-        graph.node.extend(kept)
-
-
-def _nodes(graph: Any) -> Any:
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == attr.GRAPH:
-                yield from _nodes(attr.g)

@@ -21,23 +21,11 @@ from __future__ import annotations
 from typing import Any
 
 from .contract import TensorSpec, present_name
+from .edit import subgraph_reads
 
 MS_DOMAIN = "com.microsoft"
 # op type -> (input index of the past state, output index of the present state)
 IN_PLACE_OPS = {"LinearAttention": (3, 1), "CausalConvWithState": (3, 1)}
-
-
-def _subgraph_reads(graph: Any) -> set[str]:
-    """Names read anywhere inside the subgraphs of `graph`'s nodes (a Scan body may read an
-    outer value by name)."""
-    names: set[str] = set()
-    for node in graph.node:
-        for a in node.attribute:
-            for g in [a.g] if a.HasField("g") else list(a.graphs):
-                for inner in g.node:
-                    names.update(inner.input)
-                names |= _subgraph_reads(g)
-    return names
 
 
 def in_place_states(graph: Any, pasts: list[TensorSpec]) -> list[str]:
@@ -46,7 +34,7 @@ def in_place_states(graph: Any, pasts: list[TensorSpec]) -> list[str]:
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
-    nested = _subgraph_reads(graph)
+    nested = subgraph_reads(graph)
     out = []
     for spec in pasts:
         if spec.is_kv or spec.name in nested:

@@ -12,7 +12,6 @@ written.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,11 +26,10 @@ from ..runtime.text import TOKENIZER
 from ..runtime.validate import as_path, as_paths
 from . import kv_cache, methods, rewrites
 from .calibration import CalibrationReader, calibration_feeds, head, read_texts, split_text
-from .config import INT8_BLOCK, WEIGHT_BITS, QuantConfig
-from .moe import moe_nodes, quantize_moe
+from .config import WEIGHT_BITS, QuantConfig
+from .graph_pass import quantize_graph
 from .report import finite, quality_report
 from .selection import NodeSelection, select_nodes
-from .vocab import quantize_vocab
 
 
 def quantize(
@@ -65,7 +63,7 @@ def quantize(
     has_tokenizer = (src / TOKENIZER).is_file()
     if not has_tokenizer:
         _check_without_tokenizer(src, cfg, calibration, eval_text)
-    texts, eval_texts = _read_inputs(cfg, calibration, eval_text) if has_tokenizer else ([], [])
+    texts, eval_texts = read_inputs(cfg, calibration, eval_text) if has_tokenizer else ([], [])
     if cfg.kv_dtype == "int8":  # before any work: the graph's attention can hold an int8 cache
         kv_cache.check_graph(_bare_graph(src / parent_manifest.graph_file), parent_manifest)
     t0 = time.perf_counter()
@@ -90,11 +88,13 @@ def quantize(
             quantized, converted = methods.float16(model, half_kv=half_kv)
             selection = dataclasses.replace(selection, quantize=converted)
         elif cfg.quantizes_weights:
+            if not selection.quantize and not selection.vocab:
+                raise QuantizationError("no node is left to quantize after the exclusions; check --exclude/--include")
             say(f"quantizing {len(selection.quantize)} nodes ({label})")
-            quantized = _run(model, cfg, selection, reader, tmp, external)
-            vocab = _quantize_vocab(quantized.graph, cfg, selection)
+            quantized, record = quantize_graph(model, cfg, selection, reader=reader, work=tmp, external=external)
+            vocab = record["vocab"]
         evaluation = {"source": str(eval_text or "held-out calibration text"), "chars": len(held_out)}
-        manifest = _manifest(parent_manifest, src, cfg, selection, reader, evaluation)
+        manifest = quantized_manifest(parent_manifest, src, cfg, selection, reader, evaluation)
         manifest.quantization = (manifest.quantization or {}) | {"vocab": vocab}
         if cfg.kv_dtype == "float16":
             manifest.inputs = [dataclasses.replace(s, dtype="float16") if s.is_kv else s for s in manifest.inputs]
@@ -108,14 +108,13 @@ def quantize(
         save_onnx(quantized, tmp / parent_manifest.graph_file, external)
         copy_tokenizer(src, tmp)
         manifest.record_files(tmp)
-        manifest.write(tmp)
         if has_tokenizer:
             say("measuring quality against the float model")
-            report = quality_report(parent, load(tmp, "cpu"), held_out, cfg)
-            _gate(report, cfg)
+            report = quality_report(parent, load(tmp, "cpu", manifest=manifest), held_out, cfg)
+            check_gates(report, cfg)
             manifest.quantization |= {"report": report}
         else:
-            load(tmp, "cpu")  # the quantized graph loads and matches its manifest
+            load(tmp, "cpu", manifest=manifest)  # the quantized graph loads and matches its manifest
             manifest.quantization |= {"report_skipped": NO_REPORT}
             say(f"quality report skipped: {NO_REPORT}")
         manifest.quantization |= {
@@ -165,7 +164,7 @@ def _check_without_tokenizer(
         )
 
 
-def _read_inputs(
+def read_inputs(
     cfg: QuantConfig, calibration: Sequence[str | Path], eval_text: str | Path | None
 ) -> tuple[list[str], list[str]]:
     """Calibration texts and evaluation texts, checked before any work is done."""
@@ -231,65 +230,7 @@ def _check_parent(src: Path) -> Manifest:
     return manifest
 
 
-def _run(
-    model: Any, cfg: QuantConfig, selection: NodeSelection, reader: CalibrationReader | None, tmp: Path, external: bool
-) -> Any:
-    """The mode's quantizer over the selected linear layers (the vocabulary comes after)."""
-    if not selection.quantize:
-        if not selection.vocab:
-            raise QuantizationError("no node is left to quantize after the exclusions; check --exclude/--include")
-        return model  # only the embedding / LM head: vocab.quantize_vocab does it all
-    experts = set(moe_nodes(model.graph)) & set(selection.quantize)
-    if experts:  # onnxruntime's quantizers take 2-D weights only: the experts go to QMoE
-        bits = 4 if cfg.mode == "int4" else 8
-        block = cfg.block_size if cfg.mode in WEIGHT_BITS else INT8_BLOCK
-        quantize_moe(
-            model.graph, sorted(experts), bits, block, cfg.symmetric, cfg.accuracy_level, cfg.resolved_algo == "mse"
-        )
-        selection = dataclasses.replace(selection, quantize=[n for n in selection.quantize if n not in experts])
-        if not selection.quantize:
-            return model
-    work = tmp / ".work"
-    work.mkdir()
-    try:
-        if cfg.mode == "int8-static":
-            assert reader is not None
-            return _int8_static(model, cfg, selection, reader, work, external)
-        if cfg.mode == "int8-dynamic":
-            return methods.int8_dynamic(model, work, selection.quantize, external)
-        bits, algo = WEIGHT_BITS[cfg.mode], cfg.resolved_algo or "rtn"
-        model = methods.weight_only(model, bits, algo, cfg.block_size, selection.quantize, reader, cfg.symmetric)
-        rewrites.fold_biases(model.graph)
-        return rewrites.set_accuracy_level(model, cfg.accuracy_level)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _int8_static(
-    model: Any, cfg: QuantConfig, selection: NodeSelection, reader: CalibrationReader, work: Path, external: bool
-) -> Any:
-    """QDQ on selection.static; 8-bit block-wise weights on the float-activation MatMuls."""
-    if selection.static:
-        model = methods.int8_static(model, work, selection.static, reader, cfg.calib_method, external)
-        rewrites.restore_float_inputs(model.graph, set(selection.static))
-        rewrites.split_shared_quantizers(model.graph)
-    if selection.float_activations:  # int8 weights, float activations (selection.py)
-        nodes = list(selection.float_activations)
-        model = methods.weight_only(model, 8, "rtn", INT8_BLOCK, nodes, None)
-        rewrites.fold_biases(model.graph)
-        model = rewrites.set_accuracy_level(model, cfg.accuracy_level)
-    return model
-
-
-def _quantize_vocab(graph: Any, cfg: QuantConfig, selection: NodeSelection) -> dict[str, Any]:
-    """The embedding and LM head, block-wise at cfg.vocab_bits (vocab.quantize_vocab)."""
-    assert selection.vocab_nodes is not None
-    bits = cfg.vocab_bits
-    block = cfg.block_size if bits == 4 else INT8_BLOCK
-    return quantize_vocab(graph, selection.vocab_nodes, set(selection.vocab), bits, block, cfg.accuracy_level)
-
-
-def _manifest(
+def quantized_manifest(
     parent: Manifest,
     src: Path,
     cfg: QuantConfig,
@@ -330,7 +271,7 @@ def _manifest(
     return manifest
 
 
-def _gate(report: dict[str, Any], cfg: QuantConfig) -> None:
+def check_gates(report: dict[str, Any], cfg: QuantConfig) -> None:
     if not finite(report):
         raise QuantizationError(f"the quantized model's figures are not finite: {report}")
     failed = []

@@ -12,14 +12,15 @@ stay with `hybridrt quantize`.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..errors import QuantizationError
 from . import rewrites
 from .config import QuantConfig
+from .graph_pass import quantize_graph
 from .selection import NodeSelection, select_nodes
 
 DIRECT_MODES = ("int4", "int8-weight", "int8-dynamic")
@@ -55,24 +56,21 @@ class FragmentQuantizer:
     def __call__(self, model: Any, index: int) -> Any:
         import onnx
 
-        from .api import _quantize_vocab, _run
-
         selection = select_nodes(model.graph, self.cfg, self.layer_types)
         rewrites.give_private_weights(model.graph, selection.quantize)
         self.selection.quantize += selection.quantize
         self.selection.excluded |= selection.excluded
         self.selection.patterns = selection.patterns
         self.selection.vocab += selection.vocab
+        has_vocab = selection.vocab_nodes is not None and bool(selection.vocab_nodes.names)
+        if not has_vocab:
+            selection = dataclasses.replace(selection, vocab_nodes=None)  # a layer: no vocabulary to record
+        named = _dim_params(model.graph)
+        model, record = quantize_graph(model, self.cfg, selection)
         if selection.quantize:
-            named = _dim_params(model.graph)
-            work = Path(tempfile.mkdtemp(prefix="hybridrt-quantize-"))
-            try:
-                model = _run(model, self.cfg, selection, None, work, False)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
             _forget_new_dim_params(model.graph, named)
-        if selection.vocab_nodes is not None and selection.vocab_nodes.names:
-            self.vocab = _quantize_vocab(model.graph, self.cfg, selection)
+        if has_vocab:
+            self.vocab = record["vocab"]
             # The vocabulary's com.microsoft nodes need their domain imported: a standard-operator
             # fragment that no other quantizer touched imports none (int8-dynamic, fused_ops=False).
             if not any(o.domain == "com.microsoft" for o in model.opset_import):
@@ -82,14 +80,6 @@ class FragmentQuantizer:
     def finish(self, *args: Any) -> Any:
         """export.api calls it once the graph is written: see _finish_export."""
         return _finish_export(self, *args)
-
-
-def export_quantized(src: Any, out: Any, mode: str, options: dict[str, Any] | None = None, **kwargs: Any) -> Any:
-    """export.api.export with each layer quantized by `mode` as it is written; kwargs are
-    export's (eval_text among them)."""
-    from ..export.api import export
-
-    return export(src, out, quantizer=FragmentQuantizer(mode, **(options or {})), **kwargs)
 
 
 def _dim_params(graph: Any) -> set[str]:
@@ -118,10 +108,11 @@ def _finish_export(
     say: Any,
 ) -> Any:
     """The quantized directory's manifest, as `quantize` writes it, and its quality report
-    against the float graph in `float_dir` when evaluation text was given."""
+    against the float graph in `float_dir` when evaluation text was given. Export writes the
+    manifest returned (once, with its own fields); this only measures."""
     from ..graphs.manifest import Manifest
     from ..runtime import load
-    from .api import NO_REPORT, _gate, _manifest, _read_inputs
+    from .api import NO_REPORT, check_gates, quantized_manifest, read_inputs
     from .calibration import head
     from .report import quality_report
 
@@ -129,28 +120,27 @@ def _finish_export(
         raise QuantizationError("no node is left to quantize after the exclusions; check --exclude/--include")
     cfg = quantizer.cfg
     evaluation: dict[str, Any] = {"source": str(eval_text) if eval_text else None}
-    manifest = _manifest(Manifest.from_dict(float_manifest.to_dict()), src, cfg, quantizer.selection, None, evaluation)
+    described = Manifest.from_dict(float_manifest.to_dict())
+    manifest = quantized_manifest(described, src, cfg, quantizer.selection, None, evaluation)
     assert manifest.quantization is not None
     manifest.quantization |= {"vocab": quantizer.vocab, "direct": True}
     manifest.record_files(out)
-    manifest.write(out)
     graph_bytes = sum(p.stat().st_size for p in out.iterdir() if p.name.startswith(manifest.graph_file))
     if float_dir is not None and eval_text is not None:
         float_manifest.record_files(float_dir)
-        float_manifest.write(float_dir)
-        _, eval_texts = _read_inputs(cfg, [], eval_text)
-        parent = load(float_dir, "cpu")
+        _, eval_texts = read_inputs(cfg, [], eval_text)
+        parent = load(float_dir, "cpu", manifest=float_manifest)
         held_out = head(parent.tokenizer, "\n\n".join(eval_texts), cfg.eval_tokens)
         evaluation["chars"] = len(held_out)
         say("measuring quality against the float model")
-        report = quality_report(parent, load(out, "cpu"), held_out, cfg)
-        _gate(report, cfg)
+        report = quality_report(parent, load(out, "cpu", manifest=manifest), held_out, cfg)
+        check_gates(report, cfg)
         float_bytes = sum(p.stat().st_size for p in float_dir.iterdir() if p.name.startswith(manifest.graph_file))
         del parent
         shutil.rmtree(float_dir)
         manifest.quantization["report"] = report
     else:
-        load(out, "cpu")  # the quantized graph loads and matches its manifest
+        load(out, "cpu", manifest=manifest)  # the quantized graph loads and matches its manifest
         why = NO_REPORT if eval_text is None else "no tokenizer"
         manifest.quantization["report_skipped"] = why if eval_text is not None else "no --eval-text given"
     manifest.quantization["size"] = {

@@ -13,6 +13,7 @@ from collections import Counter
 from typing import Any
 
 from ..errors import QuantizationError
+from ..graphs.edit import graph_reads, node_reads
 
 # Weights ------------------------------------------------------------------------------
 
@@ -254,25 +255,6 @@ def fold_biases(graph: Any) -> int:
     for v in [v for v in graph.value_info if v.name not in made]:
         graph.value_info.remove(v)
     return len(removed)
-
-
-def node_reads(node: Any) -> set[str]:
-    """The values a node reads: its inputs, and the outer-scope names its subgraphs (an If's
-    branches) read."""
-    import onnx
-
-    names = set(node.input)
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            inner = {o for n in a.g.node for o in n.output} | {t.name for t in a.g.initializer}
-            inner |= {i.name for i in a.g.input}
-            names |= {i for n in a.g.node for i in node_reads(n) if i not in inner}
-    return names
-
-
-def graph_reads(graph: Any) -> set[str]:
-    """Every value some node of `graph` reads (subgraphs included), and its outputs."""
-    return {i for n in graph.node for i in node_reads(n)} | {o.name for o in graph.output}
 
 
 def order_nodes(graph: Any) -> None:

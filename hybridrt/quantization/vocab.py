@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import QuantizationError
+from ..graphs.edit import graph_reads
 from .methods import block_quantize
-from .rewrites import constant_weights, graph_reads
+from .rewrites import constant_weights
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ def load(
     io_binding: bool | None = None,
     session_options: onnxruntime.SessionOptions | None = None,
     cuda_graph: bool | None = None,
+    manifest: Manifest | None = None,
 ) -> Model:
     """Open an exported directory (or "default") for generation.
 
@@ -103,11 +104,13 @@ def load(
       onnxruntime refuses the session unless every compute node runs on the GPU (float32
       attention does not: quantize --mode float16 --kv-dtype float16). On another provider
       the same graph and fixed buffers run without capture.
+    manifest: the manifest of a directory still being written (export and quantize measure
+      their output before they describe it on disk); read from the directory when not given.
     """
     import onnxruntime as ort
 
     directory = model_dir(path) if is_default(path) else as_path(path, "the model directory", GraphError)
-    manifest = read_manifest(directory)
+    manifest = read_manifest(directory) if manifest is None else manifest
     if manifest.format != "onnx":
         raise GraphError(f"{directory} holds a {manifest.format} graph; the runtime runs ONNX (export --format onnx)")
     if verify:

@@ -16,8 +16,8 @@ from typing import Any
 import onnx
 import torch
 
+from ...graphs.edit import constant_value, prune
 from ..scan import linear_scan
-from .graph_edit import constant_value, drop_dead
 from .registry import SCAN_DOMAIN, FusedOp, register
 
 
@@ -145,7 +145,7 @@ def expand_scans(model: onnx.ModelProto) -> int:
         for n in reversed(_scan_nodes(node, scope, decay_rates)):
             graph.node.insert(at, n)
     graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
-    drop_dead(graph)
+    prune(graph, initializers=True)
     kept = [o for o in model.opset_import if o.domain != SCAN_DOMAIN]
     del model.opset_import[:]
     model.opset_import.extend(kept)

@@ -1,0 +1,100 @@
+"""`quantize_graph`: quantization as a pass over one ONNX graph, model in, model and record out.
+
+`quantize` (api.py: a float directory in, a quantized directory out) and quantization while
+exporting (direct.py: each fragment of a streamed export as it is written) both run this pass;
+neither reaches into the other. The pass runs the mode's quantizer (methods.py, onnxruntime's
+quantizers, with rewrites.py's hybridrt rewrites around them) over the selected linear layers,
+the experts as QMoE, then the embedding and LM head block-wise (vocab.py), and records what it
+did to the vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from . import methods, rewrites
+from .calibration import CalibrationReader
+from .config import INT8_BLOCK, WEIGHT_BITS, QuantConfig
+from .moe import moe_nodes, quantize_moe
+from .selection import NodeSelection
+from .vocab import quantize_vocab
+
+
+def quantize_graph(
+    model: Any,
+    config: QuantConfig,
+    selection: NodeSelection,
+    *,
+    reader: CalibrationReader | None = None,
+    work: Path | None = None,
+    external: bool = False,
+) -> tuple[Any, dict[str, Any]]:
+    """`model` (an onnx.ModelProto) with `selection` quantized by `config`'s mode; returns the
+    quantized model and its record ({"vocab": the vocabulary's record, or None when the graph
+    holds no vocabulary node}). reader: calibration feeds (int8-static, GPTQ); work: where
+    onnxruntime's quantizers write their intermediate graphs (a temporary directory when not
+    given); external: the graph's weights are too large for one protobuf."""
+    if selection.quantize:
+        scratch = Path(tempfile.mkdtemp(prefix="hybridrt-quantize-")) if work is None else work
+        try:
+            model = _quantizers(model, config, selection, reader, scratch, external)
+        finally:
+            if work is None:
+                shutil.rmtree(scratch, ignore_errors=True)
+    vocab = None
+    if selection.vocab_nodes is not None:
+        bits = config.vocab_bits
+        block = config.block_size if bits == 4 else INT8_BLOCK
+        nodes, chosen = selection.vocab_nodes, set(selection.vocab)
+        vocab = quantize_vocab(model.graph, nodes, chosen, bits, block, config.accuracy_level)
+    return model, {"vocab": vocab}
+
+
+def _quantizers(
+    model: Any, cfg: QuantConfig, selection: NodeSelection, reader: CalibrationReader | None, tmp: Path, external: bool
+) -> Any:
+    """The mode's quantizer over the selected linear layers (the vocabulary comes after)."""
+    experts = set(moe_nodes(model.graph)) & set(selection.quantize)
+    if experts:  # onnxruntime's quantizers take 2-D weights only: the experts go to QMoE
+        bits = 4 if cfg.mode == "int4" else 8
+        block = cfg.block_size if cfg.mode in WEIGHT_BITS else INT8_BLOCK
+        quantize_moe(
+            model.graph, sorted(experts), bits, block, cfg.symmetric, cfg.accuracy_level, cfg.resolved_algo == "mse"
+        )
+        selection = dataclasses.replace(selection, quantize=[n for n in selection.quantize if n not in experts])
+        if not selection.quantize:
+            return model
+    work = tmp / ".work"
+    work.mkdir()
+    try:
+        if cfg.mode == "int8-static":
+            assert reader is not None
+            return _int8_static(model, cfg, selection, reader, work, external)
+        if cfg.mode == "int8-dynamic":
+            return methods.int8_dynamic(model, work, selection.quantize, external)
+        bits, algo = WEIGHT_BITS[cfg.mode], cfg.resolved_algo or "rtn"
+        model = methods.weight_only(model, bits, algo, cfg.block_size, selection.quantize, reader, cfg.symmetric)
+        rewrites.fold_biases(model.graph)
+        return rewrites.set_accuracy_level(model, cfg.accuracy_level)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _int8_static(
+    model: Any, cfg: QuantConfig, selection: NodeSelection, reader: CalibrationReader, work: Path, external: bool
+) -> Any:
+    """QDQ on selection.static; 8-bit block-wise weights on the float-activation MatMuls."""
+    if selection.static:
+        model = methods.int8_static(model, work, selection.static, reader, cfg.calib_method, external)
+        rewrites.restore_float_inputs(model.graph, set(selection.static))
+        rewrites.split_shared_quantizers(model.graph)
+    if selection.float_activations:  # int8 weights, float activations (selection.py)
+        nodes = list(selection.float_activations)
+        model = methods.weight_only(model, 8, "rtn", INT8_BLOCK, nodes, None)
+        rewrites.fold_biases(model.graph)
+        model = rewrites.set_accuracy_level(model, cfg.accuracy_level)
+    return model
