@@ -95,6 +95,17 @@ def test_token_ids_n_and_seeded_sampling(model: Model) -> None:
     )
 
 
+def test_presence_and_frequency_penalties_are_the_samplers(model: Model) -> None:
+    """The handler samples through the one sampler: its penalized completion is the library's."""
+    body = {"model": "tiny", "prompt": "def", "max_tokens": 12, "temperature": 0}
+    penalties = {"presence_penalty": 1.5, "frequency_penalty": 0.8}
+    status, out = call(event("POST", "/v1/completions", body | penalties))
+    assert status == 200, out
+    want = model.generate("def", max_new_tokens=12, **penalties)
+    assert out["choices"][0]["text"] == want
+    assert want != model.generate("def", max_new_tokens=12)  # the penalties changed something
+
+
 def test_chat(model: Model) -> None:
     messages = [{"role": "system", "content": "Write Python."}, {"role": "user", "content": "def add(a, b):"}]
     body = {"model": "tiny", "messages": messages, "max_tokens": 7, "temperature": 0}
@@ -295,7 +306,7 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
         (event("POST", "/v1/completions", GOOD | {"model": "other"}), 404, "does not exist"),
         (event("POST", "/v1/completions", GOOD | {"max_tokens": -1}), 400, "max_tokens"),
         (event("POST", "/v1/completions", GOOD | {"bogus": 1}), 400, "unrecognized"),
-        (event("POST", "/v1/completions", GOOD | {"presence_penalty": 0.5}), 400, "Lambda handler"),
+        (event("POST", "/v1/completions", GOOD | {"presence_penalty": 2.5}), 400, "presence_penalty"),
         (event("POST", "/v1/completions", GOOD | {"response_format": {"type": "xml"}}), 400, "response_format"),
         (event("POST", "/v1/chat/completions", CHAT | {"tool_choice": "required"}), 400, "needs tools"),
         (event("POST", "/v1/chat/completions", CHAT | {"tools": [{"type": "function"}]}), 400, "tools[0]"),

@@ -9,7 +9,16 @@ import pytest
 import torch
 
 import hybridrt
-from hybridrt.runtime.sampling import GenerationConfig, apply_repetition_penalty, sample, top_k_filter, top_p_filter
+from hybridrt.errors import GenerationError
+from hybridrt.runtime.sampling import (
+    GenerationConfig,
+    Tally,
+    apply_repetition_penalty,
+    processed_logits,
+    sample,
+    top_k_filter,
+    top_p_filter,
+)
 
 PROMPT = [5, 17, 42, 99, 7]
 
@@ -150,7 +159,7 @@ def test_penalties_that_overflow_float32_still_give_a_distribution() -> None:
     seen = np.asarray([[True, True, False, False]])
     cfg = GenerationConfig(do_sample=True, temperature=0.5, repetition_penalty=5e-324, seed=0)
     with np.errstate(invalid="raise"):  # no NaN on the way
-        tokens = [int(sample(logits, cfg, np.random.default_rng(i), seen)[0]) for i in range(40)]
+        tokens = [int(sample(logits, cfg, np.random.default_rng(i), Tally(seen))[0]) for i in range(40)]
     assert set(tokens) == {0, 1}  # both seen positive logits overflow to +inf; the others get nothing
 
 
@@ -161,3 +170,25 @@ def test_a_tiny_penalty_leaves_masked_seen_tokens_at_minus_inf() -> None:
     with np.errstate(invalid="raise"):
         apply_repetition_penalty(logits, np.asarray([[True, True, True]]), 1e-300)
     assert logits[0, 0] == -np.inf and logits[0, 1] <= 0 and logits[0, 2] == np.inf
+
+
+def test_presence_and_frequency_penalties_count_generated_tokens_only() -> None:
+    """OpenAI's rule: logit - presence * (count > 0) - frequency * count, counted over the
+    tokens generated (the history does not count); a Tally follows each row apart."""
+    cfg = GenerationConfig(presence_penalty=0.5, frequency_penalty=0.25)
+    tally = Tally.start(cfg, [[0, 1], [2]], 4)
+    assert tally.seen is None and tally.counts is not None and not tally.counts.any()  # history not counted
+    tally.add(np.asarray([3, 3]))
+    tally.add(np.asarray([3]), rows=np.asarray([0]))
+    logits = np.zeros((2, 4), dtype=np.float32)
+    out = processed_logits(logits, cfg, tally)
+    np.testing.assert_allclose(out[0], [0, 0, 0, -0.5 - 0.25 * 2])
+    np.testing.assert_allclose(out[1], [0, 0, 0, -0.5 - 0.25])
+    assert not logits.any()  # never in place
+
+
+@pytest.mark.parametrize("name", ["presence_penalty", "frequency_penalty"])
+def test_presence_and_frequency_penalties_are_checked(name: str) -> None:
+    for bad in (2.5, -3, float("nan"), "1"):
+        with pytest.raises(GenerationError, match=name):
+            GenerationConfig.from_kwargs(**{name: bad})

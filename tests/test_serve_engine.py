@@ -237,12 +237,19 @@ def test_presence_and_frequency_penalties_follow_openai(default_onnx: Path) -> N
     engine = _engine(model)
     try:
         result = Result()
-        cfg = GenerationConfig(max_new_tokens=16, eos_token_id=[])
-        engine.submit(Request(prompt, cfg, result, presence_penalty=presence, frequency_penalty=frequency))
+        cfg = GenerationConfig(
+            max_new_tokens=16, eos_token_id=[], presence_penalty=presence, frequency_penalty=frequency
+        )
+        engine.submit(Request(prompt, cfg, result))
         assert result.done.wait(30)
     finally:
         engine.stop()
     assert result.tokens == want
+    # The library samples through the same sampler: its penalized tokens are the engine's (the
+    # model's recommended repetition penalty, which the library applies by default, turned off).
+    plain = dict(max_new_tokens=16, eos_token_id=[], repetition_penalty=1.0)
+    penalized = model.generate(prompt, presence_penalty=presence, frequency_penalty=frequency, **plain)
+    assert penalized == want
     assert want != model.generate(prompt, max_new_tokens=16, eos_token_id=[])  # the penalties changed something
 
 

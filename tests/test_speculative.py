@@ -66,6 +66,7 @@ def test_stops_penalties_and_min_tokens_match_plain_decoding(jamba_onnx: Path, j
         dict(eos_token_id=eos),
         dict(eos_token_id=eos, min_new_tokens=15),
         dict(repetition_penalty=1.3, eos_token_id=[]),
+        dict(presence_penalty=1.2, frequency_penalty=0.6, eos_token_id=[]),
         dict(stop_strings=target.tokenizer.decode(free[12:14]), eos_token_id=[]),
     ]
     for kw in cases:

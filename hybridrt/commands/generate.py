@@ -34,6 +34,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--top-p", type=float, help="sample from the smallest set holding this probability mass (default: off)"
     )
     p.add_argument("--repetition-penalty", type=float, help=f"> 1 discourages repeats ({rec} 1.0 = off)")
+    p.add_argument(
+        "--presence-penalty", type=float, help="in [-2, 2]: subtracted from a generated token's logit (0 = off)"
+    )
+    p.add_argument(
+        "--frequency-penalty", type=float, help="in [-2, 2]: times how often a token was generated (0 = off)"
+    )
     p.add_argument("--seed", type=int, help="seed for sampling (default: a fresh one each run)")
     p.add_argument("--stop", action="append", dest="stop_strings", help="stop after this string (repeatable)")
     p.add_argument(
@@ -71,10 +77,11 @@ def run(args: argparse.Namespace) -> int:
     model = load(model_dir(args.model), args.provider, allow_fallback=args.allow_fallback, threads=args.threads)
     if args.assistant is not None:
         draft = load(model_dir(args.assistant), args.provider, allow_fallback=args.allow_fallback, threads=args.threads)
-    names = ("max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
+    names = ("max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p")
+    penalties = ("repetition_penalty", "presence_penalty", "frequency_penalty")
     # Flags left out keep the model's recommended values (its manifest's `generation`).
     beams = ("num_beams", "num_return_sequences", "length_penalty")
-    given = (*names, "seed", "stop_strings", "num_assistant_tokens", *beams)
+    given = (*names, *penalties, "seed", "stop_strings", "num_assistant_tokens", *beams)
     kwargs = {k: getattr(args, k) for k in given if getattr(args, k) is not None}
     if args.early_stopping is not None:
         kwargs["early_stopping"] = {"true": True, "false": False}.get(args.early_stopping, args.early_stopping)

@@ -3,17 +3,19 @@ removing what nothing reads, ordering, and computing a weight-only value.
 
 Export (composing fragments, fusing norms, expanding op placeholders), quantization (its
 rewrites around onnxruntime's quantizers) and the loader's compatibility rewrites all edit
-graphs through these; none keeps its own pruner or walker. Needs onnx only (no torch): the
-loader runs on edge devices.
+graphs through these; none keeps its own pruner or walker. Importing it imports nothing but
+the standard library (the loader's rewrites run in the Lambda image, which has no `onnx`);
+the graphs are onnx's protobuf objects.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import onnx
+if TYPE_CHECKING:
+    import onnx
 
 
 def walk(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
@@ -117,6 +119,7 @@ def toposort(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
 def constant_value(model: onnx.ModelProto, name: str) -> Any:
     """The value of `name`, computed from initializers alone (onnx's reference evaluator runs
     the nodes it depends on); an error if it depends on a graph input."""
+    import onnx
     from onnx import numpy_helper
     from onnx.reference import ReferenceEvaluator
 
@@ -153,8 +156,8 @@ def constant_value(model: onnx.ModelProto, name: str) -> Any:
 
 
 def _subgraphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
-    if attr.type == onnx.AttributeProto.GRAPH:
+    if attr.type == attr.GRAPH:
         return [attr.g]
-    if attr.type == onnx.AttributeProto.GRAPHS:
+    if attr.type == attr.GRAPHS:
         return list(attr.graphs)
     return []

@@ -14,14 +14,16 @@ import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import methods, rewrites
-from .calibration import CalibrationReader
 from .config import INT8_BLOCK, WEIGHT_BITS, QuantConfig
 from .moe import moe_nodes, quantize_moe
 from .selection import NodeSelection
 from .vocab import quantize_vocab
+
+if TYPE_CHECKING:
+    from .calibration import CalibrationReader
 
 
 def quantize_graph(

@@ -28,8 +28,8 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from .decode import GenerationStats, decode_step, prefill, seen_tokens
-from .sampling import GenerationConfig, apply_repetition_penalty
+from .decode import GenerationStats, decode_step, prefill
+from .sampling import GenerationConfig, Tally, processed_logits
 from .state import Stepper
 
 NEVER = np.float32(-1.0e9)
@@ -82,7 +82,7 @@ def beam_search(
     running = _beams(b, k, n, first)
     hypotheses = _beams(b, k, n, np.full((b, k), NEVER, dtype=np.float32))
     improvable = np.ones((b, 1), dtype=bool)  # transformers' is_early_stop_heuristic_unsatisfied
-    prompt_seen = seen_tokens(prompts, stepper.vocab) if cfg.penalized else None
+    prompt_seen = Tally.start(cfg, prompts, stepper.vocab).seen
 
     stats.prompt_tokens = sum(len(p) for p in prompts)
     t0 = time.perf_counter()
@@ -181,21 +181,19 @@ def _log_probs(
     eos: np.ndarray,
     step: int,
 ) -> np.ndarray:
-    """log-softmax of logits [b * k, V] in float32, then transformers' processors: the
-    repetition penalty over each beam's prompt and tokens [b, k, step], and EOS at -inf
-    before min_new_tokens."""
+    """log-softmax of logits [b * k, V] in float32, then transformers' processors (sampling's
+    processed_logits): the penalties over each beam's prompt and tokens [b, k, step], and EOS
+    at -inf before min_new_tokens."""
     x = logits.astype(np.float32)
     shifted = x - x.max(axis=-1, keepdims=True)
     out = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-    if prompt_seen is not None:
+    tally = None
+    if prompt_seen is not None or cfg.counted:
         b, k, _ = tokens.shape
-        seen = np.repeat(prompt_seen, k, axis=0)
-        seen[np.repeat(np.arange(b * k), step), tokens.reshape(-1)] = True
-        apply_repetition_penalty(out, seen, cfg.repetition_penalty)
-    barred = list(cfg.suppressed(eos.tolist(), step))
-    if barred:
-        out[:, barred] = -np.inf
-    return out
+        seen = None if prompt_seen is None else np.repeat(prompt_seen, k, axis=0)
+        tally = Tally(seen, np.zeros(out.shape, dtype=np.float32) if cfg.counted else None)
+        tally.add(tokens.reshape(-1), np.repeat(np.arange(b * k), step))
+    return processed_logits(out, cfg, tally, cfg.suppressed(eos.tolist(), step))
 
 
 def _top(x: np.ndarray, k: int) -> np.ndarray:

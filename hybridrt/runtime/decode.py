@@ -13,7 +13,7 @@ import numpy as np
 
 from .prefix_cache import StateCache
 from .prefix_plan import chunk_end
-from .sampling import GenerationConfig, sample
+from .sampling import GenerationConfig, Tally, sample
 from .state import Stepper
 
 StopCheck = Callable[[Sequence[int]], bool]
@@ -72,14 +72,6 @@ class GenerationStats:
     @property
     def new_tokens(self) -> int:
         return sum(len(t) for t in self.tokens)
-
-
-def seen_tokens(history: Sequence[Sequence[int]], vocab: int) -> np.ndarray:
-    """[b, V] bool: which tokens each row has seen, for the repetition penalty."""
-    seen = np.zeros((len(history), vocab), dtype=bool)
-    for r, ids in enumerate(history):
-        seen[r, np.asarray(ids, dtype=np.int64)] = True
-    return seen
 
 
 def prefill(stepper: Stepper, prompts: Sequence[Sequence[int]]) -> np.ndarray:
@@ -155,7 +147,8 @@ def generate(
 
     A row stops after an EOS token (kept in its output, as transformers does) or when `stop`
     says its tokens so far end it; finished rows are fed `pad_id` and not recorded.
-    `history` (default: the prompts) is what the repetition penalty counts as seen.
+    `history` (default: the prompts) is what the repetition penalty counts as seen; presence
+    and frequency penalties count the tokens generated here.
     With a prefix state `cache` (one row; `history`, when given, is every token of the row,
     of which the stepper has seen all but `prompts`), the prefill resumes from the cache and
     stores states in it, and the states after the reply are stored when it ends.
@@ -171,18 +164,17 @@ def generate(
     else:
         logits = prefill(stepper, prompts)
     stats.prefill_s = time.perf_counter() - t0
-    seen = seen_tokens(history or prompts, stepper.vocab) if cfg.penalized else None
+    tally = Tally.start(cfg, history or prompts, stepper.vocab)
     eos_ids = np.asarray(eos, dtype=np.int64)
     rows = np.arange(b)
     live = np.ones(b, dtype=bool)
     t0 = time.perf_counter()
     try:
         for step in range(cfg.max_new_tokens):
-            tokens = sample(logits, cfg, rng, seen, cfg.suppressed(eos, step))
+            tokens = sample(logits, cfg, rng, tally, cfg.suppressed(eos, step))
             tokens[~live] = pad_id
+            tally.add(tokens[live], rows[live])
             live = _record(stats.tokens, tokens, live, eos_ids, stop)
-            if seen is not None:
-                seen[rows, tokens] = True
             yield tokens
             if not live.any() or step + 1 == cfg.max_new_tokens:
                 break

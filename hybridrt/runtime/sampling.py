@@ -1,10 +1,13 @@
 """Generation parameters and next-token sampling, in numpy.
 
-Names follow transformers' GenerationConfig; so does the order of the logit transforms
-(repetition penalty and min-new-tokens EOS suppression, then temperature, top-k, top-p).
+Names follow transformers' GenerationConfig (and OpenAI's for presence_penalty and
+frequency_penalty); so does the order of the logit transforms (OpenAI's penalties on the
+generated tokens' counts, the repetition penalty and min-new-tokens EOS suppression, then
+temperature, top-k, top-p). This is the one place a token is chosen: the decode loop, beam
+search, speculative rounds, the server's requests and the Lambda handler all call it.
 
-Shapes: b = batch rows, V = vocabulary size. `logits` [b, V] float32 (last position),
-`seen` [b, V] bool (tokens already in each row, for the repetition penalty).
+Shapes: b = batch rows, V = vocabulary size. `logits` [b, V] float32 (last position); a
+`Tally` holds what the penalties read per row.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ class GenerationConfig:
     rate and the measured cost of a draft step (hybridrt.runtime.speculative), "heuristic"
     as transformers (+2 after a round that kept every draft, -1 otherwise), "constant".
 
+    `presence_penalty` and `frequency_penalty` are OpenAI's: each generated token's logit
+    less presence_penalty once it has been generated and frequency_penalty times how often
+    (the prompt does not count; `repetition_penalty` is transformers' over prompt and reply).
+
     `num_beams > 1` runs transformers' beam search (hybridrt.runtime.beam): `length_penalty`
     is the exponent of the generated length that finished scores are divided by,
     `early_stopping` (True, False or "never") when the search ends, and the best
@@ -46,6 +53,8 @@ class GenerationConfig:
     top_k: int | None = None
     top_p: float | None = None
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
     eos_token_id: int | Sequence[int] | None = None
     stop_strings: str | Sequence[str] | None = None
@@ -88,6 +97,11 @@ class GenerationConfig:
         """Whether the repetition penalty applies (the tokens seen must be tracked)."""
         return self.repetition_penalty != 1.0
 
+    @property
+    def counted(self) -> bool:
+        """Whether presence or frequency penalties apply (generated tokens must be counted)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
     def suppressed(self, eos: Sequence[int], index: int) -> tuple[int, ...]:
         """The tokens barred from new token number `index` (0-based): the EOS ids before
         min_new_tokens, none after."""
@@ -103,6 +117,40 @@ class GenerationConfig:
         from .validate import check_config
 
         check_config(self)
+
+
+@dataclass
+class Tally:
+    """What the penalties read, per row: `seen` [b, V] bool, the tokens of the history and of
+    the reply (repetition_penalty); `counts` [b, V] float32, how often each token was
+    generated (presence_penalty, frequency_penalty). Each is None where cfg does not read it."""
+
+    seen: np.ndarray | None = None
+    counts: np.ndarray | None = None
+
+    @classmethod
+    def start(cls, cfg: GenerationConfig, history: Sequence[Sequence[int]], vocab: int) -> Tally:
+        """The tally of rows whose history (prompt, earlier turns) is `history`."""
+        seen = None
+        if cfg.penalized:
+            seen = np.zeros((len(history), vocab), dtype=bool)
+            for r, ids in enumerate(history):
+                seen[r, np.asarray(ids, dtype=np.int64)] = True
+        counts = np.zeros((len(history), vocab), dtype=np.float32) if cfg.counted else None
+        return cls(seen, counts)
+
+    def add(self, tokens: np.ndarray, rows: np.ndarray | None = None) -> None:
+        """Count each row's new token (tokens [b], or one per entry of `rows`)."""
+        where = np.arange(len(tokens)) if rows is None else rows
+        if self.seen is not None:
+            self.seen[where, tokens] = True
+        if self.counts is not None:
+            np.add.at(self.counts, (where, tokens), 1.0)
+
+    def copy(self) -> Tally:
+        return Tally(
+            None if self.seen is None else self.seen.copy(), None if self.counts is None else self.counts.copy()
+        )
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> None:
@@ -143,9 +191,13 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 
 def processed_logits(
-    logits: np.ndarray, cfg: GenerationConfig, seen: np.ndarray | None = None, suppress: Sequence[int] = ()
+    logits: np.ndarray, cfg: GenerationConfig, tally: Tally | None = None, suppress: Sequence[int] = ()
 ) -> np.ndarray:
-    """Logits [b, V] after the repetition penalty and EOS suppression (a copy when either applies)."""
+    """Logits [b, V] after the penalties and EOS suppression (a copy when any applies)."""
+    seen = None if tally is None else tally.seen
+    if tally is not None and tally.counts is not None and cfg.counted:
+        counts = tally.counts
+        logits = logits - cfg.presence_penalty * (counts > 0) - cfg.frequency_penalty * counts
     if (seen is not None and cfg.repetition_penalty != 1.0) or suppress:
         logits = logits.astype(np.float32, copy=True)
     if seen is not None and cfg.repetition_penalty != 1.0:
@@ -156,11 +208,11 @@ def processed_logits(
 
 
 def distribution(
-    logits: np.ndarray, cfg: GenerationConfig, seen: np.ndarray | None = None, suppress: Sequence[int] = ()
+    logits: np.ndarray, cfg: GenerationConfig, tally: Tally | None = None, suppress: Sequence[int] = ()
 ) -> np.ndarray:
     """The sampling distribution [b, V] float64 that `sample` draws from: penalties, then
     temperature, top-k and top-p. Greedy settings give each row's argmax probability 1."""
-    logits = processed_logits(logits, cfg, seen, suppress)
+    logits = processed_logits(logits, cfg, tally, suppress)
     if not cfg.sampling:
         probs = np.zeros(logits.shape, dtype=np.float64)
         probs[np.arange(len(logits)), logits.argmax(axis=-1)] = 1.0
@@ -187,10 +239,10 @@ def sample(
     logits: np.ndarray,
     cfg: GenerationConfig,
     rng: np.random.Generator,
-    seen: np.ndarray | None = None,
+    tally: Tally | None = None,
     suppress: Sequence[int] = (),
 ) -> np.ndarray:
     """Next token per row: logits [b, V] -> int64 [b]. Never modifies `logits`."""
     if not cfg.sampling:
-        return processed_logits(logits, cfg, seen, suppress).argmax(axis=-1).astype(np.int64, copy=False)
-    return draw(distribution(logits, cfg, seen, suppress), rng)
+        return processed_logits(logits, cfg, tally, suppress).argmax(axis=-1).astype(np.int64, copy=False)
+    return draw(distribution(logits, cfg, tally, suppress), rng)

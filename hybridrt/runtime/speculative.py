@@ -31,8 +31,8 @@ import numpy as np
 
 from ..errors import GenerationError
 from ..graphs.manifest import Manifest
-from .decode import GenerationStats, StopCheck, _record, feed, seen_tokens
-from .sampling import GenerationConfig, distribution, draw, processed_logits
+from .decode import GenerationStats, StopCheck, _record, feed
+from .sampling import GenerationConfig, Tally, distribution, draw, processed_logits
 from .schedule import DraftSchedule
 from .state import Checkpoint, Stepper
 
@@ -40,32 +40,24 @@ Emit = Callable[[int], bool]  # takes a new token; False once the sequence is fi
 
 
 class Chooser:
-    """How one sequence picks its tokens under cfg: greedy or sampled, with the repetition
-    penalty over `seen` [V] (None: no penalty) and EOS suppressed before min_new_tokens.
-    `index` below is the 0-based number of the new token being chosen."""
+    """How one sequence picks its tokens under cfg: greedy or sampled, with the penalties over
+    its `tally` (one row: sampling.Tally) and EOS suppressed before min_new_tokens. `index`
+    below is the 0-based number of the new token being chosen; a round drafts and judges on
+    copies of the tally, so that only the tokens kept count."""
 
-    def __init__(
-        self, cfg: GenerationConfig, eos: Sequence[int], rng: np.random.Generator, seen: np.ndarray | None
-    ) -> None:
-        self.cfg, self.eos, self.rng, self.seen = cfg, tuple(eos), rng, seen
+    def __init__(self, cfg: GenerationConfig, eos: Sequence[int], rng: np.random.Generator, tally: Tally) -> None:
+        self.cfg, self.eos, self.rng, self.tally = cfg, tuple(eos), rng, tally
 
-    def probs(self, row: np.ndarray, seen: np.ndarray | None, index: int) -> np.ndarray:
+    def probs(self, row: np.ndarray, tally: Tally, index: int) -> np.ndarray:
         """The distribution [V] of the token from logits [V]."""
-        return distribution(
-            row[None], self.cfg, None if seen is None else seen[None], self.cfg.suppressed(self.eos, index)
-        )[0]
+        return distribution(row[None], self.cfg, tally, self.cfg.suppressed(self.eos, index))[0]
 
-    def pick(self, row: np.ndarray, seen: np.ndarray | None, index: int) -> int:
+    def pick(self, row: np.ndarray, tally: Tally, index: int) -> int:
         """The token from logits [V]: the argmax, or a draw from `probs`."""
         if not self.cfg.sampling:
-            logits = processed_logits(
-                row[None], self.cfg, None if seen is None else seen[None], self.cfg.suppressed(self.eos, index)
-            )
+            logits = processed_logits(row[None], self.cfg, tally, self.cfg.suppressed(self.eos, index))
             return int(logits[0].argmax())
-        return int(draw(self.probs(row, seen, index)[None], self.rng)[0])
-
-    def seen_copy(self) -> np.ndarray | None:
-        return None if self.seen is None else self.seen.copy()
+        return int(draw(self.probs(row, tally, index)[None], self.rng)[0])
 
 
 @dataclass
@@ -83,17 +75,16 @@ def propose(draft: Stepper, pending: Sequence[int], k: int, chooser: Chooser, in
     first being new token number `index`."""
     row = feed(draft, np.asarray([pending], dtype=np.int64))[0]
     out = Proposal([], [], [draft.checkpoint()])
-    seen = chooser.seen_copy()
+    tally = chooser.tally.copy()
     for i in range(k):
         if chooser.cfg.sampling:
-            q = chooser.probs(row, seen, index + i)
+            q = chooser.probs(row, tally, index + i)
             token = int(draw(q[None], chooser.rng)[0])
             out.q.append(q)
         else:
-            token = chooser.pick(row, seen, index + i)
+            token = chooser.pick(row, tally, index + i)
         out.tokens.append(token)
-        if seen is not None:
-            seen[token] = True
+        tally.add(np.asarray([token]))
         if i + 1 < k:
             row = draft.forward(np.asarray([[token]], dtype=np.int64))[0]
             out.marks.append(draft.checkpoint())
@@ -103,19 +94,18 @@ def propose(draft: Stepper, pending: Sequence[int], k: int, chooser: Chooser, in
 def judge(verify: np.ndarray, proposal: Proposal, chooser: Chooser, index: int) -> tuple[int, int]:
     """(drafts kept, the token after them) from the target's logits [k + 1, V] after its
     pending tokens and each draft."""
-    seen = chooser.seen_copy()
+    tally = chooser.tally.copy()
     for i, d in enumerate(proposal.tokens):
         if chooser.cfg.sampling:
-            replacement = accept_or_replace(chooser.probs(verify[i], seen, index + i), proposal.q[i], d, chooser.rng)
+            replacement = accept_or_replace(chooser.probs(verify[i], tally, index + i), proposal.q[i], d, chooser.rng)
         else:
-            best = chooser.pick(verify[i], seen, index + i)
+            best = chooser.pick(verify[i], tally, index + i)
             replacement = None if best == d else best
         if replacement is not None:
             return i, replacement
-        if seen is not None:
-            seen[d] = True
+        tally.add(np.asarray([d]))
     k = len(proposal.tokens)
-    return k, chooser.pick(verify[k], seen, index + k)  # every draft kept: one more from the target
+    return k, chooser.pick(verify[k], tally, index + k)  # every draft kept: one more from the target
 
 
 def draft_length(schedule: DraftSchedule, remaining: int, target: Stepper, draft: Stepper, pending: int = 1) -> int:
@@ -250,8 +240,8 @@ def speculate(
     if pend_d:
         feed(draft.stepper, np.asarray([pend_d], dtype=np.int64))
     stats.prefill_s = time.perf_counter() - t0
-    seen = seen_tokens([history if history is not None else context], target.vocab)[0] if cfg.penalized else None
-    chooser = Chooser(cfg, eos, np.random.default_rng(cfg.seed), seen)
+    tally = Tally.start(cfg, [history if history is not None else context], target.vocab)
+    chooser = Chooser(cfg, eos, np.random.default_rng(cfg.seed), tally)
     eos_ids = np.asarray(eos, dtype=np.int64)
     live = np.ones(1, dtype=bool)
     emitted: list[np.ndarray] = []
@@ -260,14 +250,13 @@ def speculate(
         nonlocal live
         tokens = np.asarray([token], dtype=np.int64)
         live = _record(stats.tokens, tokens, live, eos_ids, stop)
-        if seen is not None:
-            seen[token] = True
+        tally.add(tokens)
         emitted.append(tokens)
         return bool(live[0])
 
     t0 = time.perf_counter()
     try:
-        emit(chooser.pick(logits, seen, 0))  # the first token comes from the prefill
+        emit(chooser.pick(logits, tally, 0))  # the first token comes from the prefill
         yield from emitted
         emitted.clear()
         while live[0] and len(out) < cfg.max_new_tokens:
@@ -278,7 +267,7 @@ def speculate(
                 logits = feed(target, np.asarray([pending], dtype=np.int64))[0]
                 if len(pending) == 1:
                     schedule.observe_step(time.perf_counter() - t_step)
-                emit(chooser.pick(logits, seen, len(out)))
+                emit(chooser.pick(logits, tally, len(out)))
             else:
                 accepted, _ = draft.round(target, tail, k, chooser, len(out), emit)
                 stats.draft_tokens += k

@@ -95,6 +95,8 @@ def config_errors(cfg: Any) -> list[str]:
             lambda p: p > 0,
             "> 0 (1.0 = off)",
         ),
+        _real("presence_penalty", cfg.presence_penalty, lambda p: -2 <= p <= 2, "in [-2, 2] (0 = off)"),
+        _real("frequency_penalty", cfg.frequency_penalty, lambda p: -2 <= p <= 2, "in [-2, 2] (0 = off)"),
         None if cfg.seed is None else _int("seed", cfg.seed, 0, ""),
         None if cfg.eos_token_id is None else _token_ids("eos_token_id", cfg.eos_token_id),
         None if cfg.stop_strings is None else _strings("stop_strings", cfg.stop_strings),

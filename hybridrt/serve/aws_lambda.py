@@ -8,8 +8,8 @@ openai.py's, as in app.py. `stream: true`
 is answered with the whole event stream in one buffered `text/event-stream` body (a Lambda
 response is not streamed): each choice's text in one chunk (with tools, its content and then
 each call's deltas, as hybridrt serve streams them), then the usage chunk when
-stream_options.include_usage asks for it, then `data: [DONE]`. presence_penalty and
-frequency_penalty (applied by the serve engine) are refused here with a 400 unless 0.
+stream_options.include_usage asks for it, then `data: [DONE]`. Every sampling parameter,
+presence_penalty and frequency_penalty among them, is the one sampler's (runtime.sampling).
 `tools`/`tool_choice` and `response_format` are the server's (chat.py, tools.py, grammar.py):
 a constrained choice is sampled as the serve engine samples a constrained row
 (hybridrt.serve.request.Request), one decode step at a time under its grammar's mask.
@@ -219,9 +219,6 @@ def _body(event: dict[str, Any], known: set[str], model_name: str) -> dict[str, 
         raise ApiError(413, f"the request body exceeds {limit} bytes")
     body = parse_json(data)
     check_fields(body, known, model_name, UNSUPPORTED)
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0) and not isinstance(body.get(name), bool):
-            raise ApiError(400, f"{name} is not supported by the Lambda handler (use hybridrt serve)", name)
     return body
 
 

@@ -372,9 +372,8 @@ class Engine:
     def _speculates(self, req: Request) -> bool:
         """Whether req's next tokens come from a speculative round (it must be alone)."""
         seeded = req.cfg.sampling and req.cfg.seed is not None
-        penalized = req.presence_penalty or req.frequency_penalty
         constrained = req.grammar is not None  # its masks apply to plain steps only
-        return self.assistant is not None and not (seeded or penalized or constrained or req.logprobs is not None)
+        return self.assistant is not None and not (seeded or constrained or req.logprobs is not None)
 
     def _speculate(self) -> None:
         """One speculative round of the lone running request (see the module docstring)."""
@@ -383,7 +382,7 @@ class Engine:
         if req.draft is None or req.chooser is None:
             assert req.rng is not None
             req.draft = Draft.start(self.model, self.assistant, req.cfg, len(req.prompt) + req.cfg.max_new_tokens)
-            req.chooser = Chooser(req.cfg, req.eos, req.rng, None if req.seen is None else req.seen[0])
+            req.chooser = Chooser(req.cfg, req.eos, req.rng, req.tally)
         pending = req.tokens_from(int(self.batch.lengths[0]))
         remaining = req.cfg.max_new_tokens - len(req.tokens)
         k = draft_length(req.draft.schedule, remaining, self.batch, req.draft.stepper, len(pending))

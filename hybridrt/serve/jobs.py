@@ -106,8 +106,6 @@ class Job:
                 row,
                 cfg,
                 self._emitter(i),
-                params.presence_penalty,
-                params.frequency_penalty,
                 timeout,
                 logprobs=params.logprobs,
                 prompt_logprobs=params.prompt_logprobs,

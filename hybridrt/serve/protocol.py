@@ -6,7 +6,7 @@ max_new_tokens; min_tokens -> min_new_tokens; temperature 0 (below 1e-5, as vLLM
 overflow the scaled logits) -> greedy, otherwise sampling (OpenAI's default is 1); top_p, top_k
 (-1 or 0 = off), seed, stop -> stop_strings (cut from the text, as OpenAI does),
 repetition_penalty (default: the model's recommended one, from its generation_config.json);
-presence_penalty and frequency_penalty are applied by the engine over the generated tokens.
+presence_penalty, frequency_penalty (over the generated tokens, as OpenAI).
 
 Logprobs (hybridrt.serve.logprobs): /v1/completions takes `logprobs` (0-5 alternatives per
 token) and `echo` (the prompt's text before the completion, and with `logprobs` the prompt
@@ -50,8 +50,6 @@ class Params:
     n: int
     stream: bool
     include_usage: bool
-    presence_penalty: float
-    frequency_penalty: float
     logprobs: int | None = None  # alternatives per token (None: no logprobs)
     echo: tuple[str, ...] | None = None  # each prompt's text, returned before its completion
     score_only: bool = False  # max_tokens 0 (with echo): the prompt is scored, nothing generated
@@ -245,6 +243,8 @@ def params(
         repetition_penalty=_number(
             body, "repetition_penalty", (recommended or {}).get("repetition_penalty", 1.0), 0.0, 100.0, low_open=True
         ),
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         seed=None if seed is None else _int(body, "seed", 0, 0, 2**63 - 1),
         stop_strings=_stops(body.get("stop")),
     )
@@ -265,8 +265,6 @@ def params(
         n,
         stream,
         bool(options and _bool(options, "include_usage", False)),
-        _number(body, "presence_penalty", 0.0, -2.0, 2.0),
-        _number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         score_only=max_tokens == 0,
         continuous_usage=bool(options and _bool(options, "continuous_usage_stats", False)),
     )

@@ -1,7 +1,7 @@
 """One request on the engine: what it asks for, its sampling state, and the updates it sends.
 
-A request samples its tokens with its own config and random generator (and, for
-presence/frequency penalties, its own counts of the tokens it generated). Logprobs
+A request samples its tokens with its own config, random generator and tally of the tokens
+its penalties read (runtime.sampling, the one sampler). Logprobs
 (hybridrt.serve.logprobs) cost only the requests that ask: `logprobs` scores each new token
 from the logits it was sampled from; `prompt_logprobs` (echo) scores every prompt token from
 the prefill's all-position logits; `score_only` (max_tokens 0) ends after the prefill.
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.decode import StopCheck, seen_tokens
-from ..runtime.sampling import GenerationConfig, sample
+from ..runtime.decode import StopCheck
+from ..runtime.sampling import GenerationConfig, Tally, sample
 from ..runtime.speculative import Chooser, Draft
 from ..runtime.state import Snapshot, Stepper
 from ..runtime.text import stop_check
@@ -50,8 +50,6 @@ class Request:
     prompt: list[int]
     cfg: GenerationConfig
     emit: Callable[[Update], None]  # called on the engine thread; must not block
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
     timeout: float | None = None
     logprobs: int | None = None  # alternatives per new token (None: no logprobs)
     prompt_logprobs: int | None = None  # alternatives per prompt token (None: the prompt is not scored)
@@ -71,8 +69,7 @@ class Request:
     rng: np.random.Generator | None = None
     eos: tuple[int, ...] = ()
     stop: StopCheck | None = None
-    seen: np.ndarray | None = None  # [1, V], for the repetition penalty
-    counts: np.ndarray | None = None
+    tally: Tally = field(default_factory=Tally)  # what its penalties read (made in start)
     # Speculative decoding: the draft's own states and schedule, and how tokens are chosen.
     draft: Draft | None = None
     chooser: Chooser | None = None
@@ -85,31 +82,23 @@ class Request:
         self.rng = np.random.default_rng(self.cfg.seed)
         self.eos = self.cfg.eos_ids(eos)
         self.stop = stop_check(tokenizer, self.cfg.stops)
-        if self.cfg.penalized:
-            self.seen = seen_tokens([self.prompt], vocab)
-        if self.presence_penalty or self.frequency_penalty:
-            self.counts = np.zeros(vocab, dtype=np.float32)
+        self.tally = Tally.start(self.cfg, [self.prompt], vocab)
 
     def choose(self, logits: np.ndarray) -> tuple[int, TokenLogprob | None]:
         """The next token sampled from logits [1, V], and its logprob entry when asked."""
         assert self.rng is not None
         raw = logits
-        if self.counts is not None:
-            logits = logits - self.presence_penalty * (self.counts > 0) - self.frequency_penalty * self.counts
         suppress = self.cfg.suppressed(self.eos, len(self.tokens))
         if self.grammar is not None:
             logits, suppress = self.grammar.constrain(logits), ()
-        token = int(sample(logits, self.cfg, self.rng, self.seen, suppress)[0])
+        token = int(sample(logits, self.cfg, self.rng, self.tally, suppress)[0])
         entry = None if self.logprobs is None else score(raw, [token], self.logprobs)[0]
         return token, entry
 
     def record(self, token: int) -> str | None:
         """Take `token` as the next one; the finish reason it brings, if any."""
         self.tokens.append(token)
-        if self.seen is not None:
-            self.seen[0, token] = True
-        if self.counts is not None:
-            self.counts[token] += 1
+        self.tally.add(np.asarray([token]))
         complete = self.grammar is not None and self.grammar.consume(token)
         if complete or token in self.eos or (self.stop is not None and self.stop(self.tokens)):
             return "stop"
