@@ -3,6 +3,7 @@ ONNX Runtime. Importing this package never imports torch."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,15 +72,39 @@ def export_model(
     from .default_model import checkpoint_dir
     from .export.api import export
 
-    kwargs: dict[str, Any] = dict(
-        format=format, force=force, validate=validate, fused_ops=fused_ops, fuse_norms=fuse_norms, progress=progress
-    )
+    quantizer = None
     if quantize is not None:  # the export's streamed writer runs the quantization pass on each layer
         from .quantization.direct import FragmentQuantizer
 
         if layout != "hybridrt":
-            from .export.layouts import check_layout
+            from .interop.layouts import check_layout
 
             check_layout(layout, checkpoint_dir(src), format, quantized=True)
-        kwargs["quantizer"] = FragmentQuantizer(quantize, **(quantize_options or {}))
-    return export(checkpoint_dir(src), out, eval_text=eval_text, layout=layout, **kwargs)
+        quantizer = FragmentQuantizer(quantize, **(quantize_options or {}))
+    if layout != "hybridrt":  # another runtime's directory around the export (hybridrt.interop)
+        from .interop.layouts import export_layout
+
+        inner = functools.partial(export, quantizer=quantizer)
+        return export_layout(
+            layout,
+            checkpoint_dir(src),
+            out,
+            inner,
+            format=format,
+            force=force,
+            validate=validate,
+            progress=progress,
+            quantized=quantizer is not None,
+        )
+    return export(
+        checkpoint_dir(src),
+        out,
+        format=format,
+        force=force,
+        validate=validate,
+        fused_ops=fused_ops,
+        fuse_norms=fuse_norms,
+        progress=progress,
+        quantizer=quantizer,
+        eval_text=eval_text,
+    )

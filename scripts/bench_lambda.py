@@ -1,8 +1,8 @@
-"""Cold and warm timings of the Lambda handler (hybridrt.serve.aws_lambda), each in fresh processes.
+"""Cold and warm timings of the Lambda handler (hybridrt.deploy.aws_lambda), each in fresh processes.
 
     python scripts/bench_lambda.py MODEL_DIR [--repeats 3] [--max-tokens 16] [--verify sha256|size|none]
 
-Per repeat, fresh interpreters measure: `import hybridrt`; `import hybridrt.serve.aws_lambda`
+Per repeat, fresh interpreters measure: `import hybridrt`; `import hybridrt.deploy.aws_lambda`
 (model not loaded); the load's stages (numpy, onnxruntime and tokenizers imports, manifest, sha256 and
 size checks, session creation, tokenizer load); cold start to the first token (a max_tokens=1
 completion) and to the full answer (max_tokens=N), with the model loaded at import (Lambda's
@@ -31,7 +31,7 @@ print(time.perf_counter() - t)
 
 IMPORT_LAMBDA = """
 import time; t = time.perf_counter()
-import hybridrt.serve.aws_lambda
+import hybridrt.deploy.aws_lambda
 print(time.perf_counter() - t)
 """
 
@@ -51,7 +51,7 @@ import tokenizers
 t = mark("import tokenizers", t)
 from hybridrt.graphs.manifest import read_manifest, verify_files
 from hybridrt.runtime.loader import check_graph
-from hybridrt.serve.aws_lambda import check_sizes
+from hybridrt.deploy.aws_lambda import check_sizes
 from hybridrt.runtime.text import load_tokenizer
 t = time.perf_counter()
 d = Path(sys.argv[1])
@@ -78,7 +78,7 @@ def event(n):
     body = {"model": "default", "prompt": "def fibonacci(n):", "max_tokens": n, "temperature": 0}
     return {"version": "2.0", "rawPath": "/v1/completions", "headers": {},
             "requestContext": {"http": {"method": "POST", "path": "/v1/completions"}}, "body": json.dumps(body)}
-from hybridrt.serve.aws_lambda import handler
+from hybridrt.deploy.aws_lambda import handler
 t1 = time.perf_counter()
 n = int(sys.argv[1])
 out = handler(event(n))
@@ -119,7 +119,7 @@ def main() -> None:
     for _ in range(args.repeats):
         add("interpreter start-up and exit (python -c pass)", run("print(0)", env=base)[1])
         add("import hybridrt", float(run(IMPORT_HYBRIDRT, env=base)[0]))
-        add("import hybridrt.serve.aws_lambda (no model)", float(run(IMPORT_LAMBDA, env=base)[0]))
+        add("import hybridrt.deploy.aws_lambda (no model)", float(run(IMPORT_LAMBDA, env=base)[0]))
         for name, s in json.loads(run(STAGES, env["HYBRIDRT_MODEL"], env=base)[0]).items():
             add(f"stage: {name}", s)
         for load in ("1", "0"):

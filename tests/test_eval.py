@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from checkpoints import TEXT
+from reference_eval import reference_eval
 
 import hybridrt
 from hybridrt.cli import main
 from hybridrt.errors import GenerationError
-from hybridrt.models.reference_eval import reference_eval
 from hybridrt.runtime.evaluate import evaluate, window_starts
 
 

@@ -1,4 +1,4 @@
-"""hybridrt's onnxruntime-genai layout (hybridrt.export.genai_layout) loaded and run by
+"""hybridrt's onnxruntime-genai layout (hybridrt.interop.genai) loaded and run by
 onnxruntime-genai (PyPI onnxruntime-genai 0.18, on the onnxruntime installed beside it).
 
 Each supported family's tiny checkpoint is exported once with hybridrt's own layout; the
@@ -26,8 +26,8 @@ from family_checkpoints import make_falcon_h1, make_granitemoehybrid, make_lfm2,
 
 import hybridrt
 from hybridrt.errors import ExportError
-from hybridrt.export.genai_layout import convert
-from hybridrt.export.layout_files import PADDED_ROWS
+from hybridrt.interop.files import PADDED_ROWS
+from hybridrt.interop.genai import convert
 
 TEXT = "def fibonacci(n):\n    a, b = 0, 1"
 NEW = 12

@@ -1,4 +1,4 @@
-"""hybridrt's transformers-js layout (hybridrt.export.layouts) loaded and run by transformers.js.
+"""hybridrt's transformers-js layout (hybridrt.interop.layouts) loaded and run by transformers.js.
 
 The end-to-end tests run tests/js/generate.mjs under Node with transformers.js 4.3.1 on
 onnxruntime-node. They need Node 20+ and the packages, installed once (network needed once):
@@ -45,8 +45,8 @@ from family_checkpoints import (
 
 import hybridrt
 from hybridrt.errors import ExportError
-from hybridrt.export.layout_files import PADDED_ROWS
-from hybridrt.export.layouts import convert_transformers_js
+from hybridrt.interop.files import PADDED_ROWS
+from hybridrt.interop.layouts import convert_transformers_js
 
 JS = Path(__file__).parent / "js"
 PROMPT = [1, 5, 7, 9, 11, 40, 3]
@@ -210,7 +210,7 @@ def test_tjs_config_layer_types_in_transformers_js_names() -> None:
     with which transformers.js finds no Mamba cache), Falcon-H1 none at all (every layer then
     has both caches), Qwen3.5's multimodal checkpoint as its text model, Qwen3.5 MoE's text
     checkpoint under "qwen3_5_moe"."""
-    from hybridrt.export.tjs_names import FAMILIES as NAMES
+    from hybridrt.interop.tjs_names import FAMILIES as NAMES
 
     def config(model_type: str, kinds: list[str], ffns: list[str], hf: dict[str, Any]) -> dict[str, Any]:
         family = NAMES[model_type]
@@ -387,10 +387,10 @@ def test_tjs_layout_refuses_torch_formats(tmp_path: Path) -> None:
 
 
 def test_cli_layout_choices_match_the_layouts() -> None:
-    """`hybridrt export --layout` offers exactly export.layouts.LAYOUTS, hybridrt's own first
+    """`hybridrt export --layout` offers exactly interop.layouts.LAYOUTS, hybridrt's own first
     (the CLI writes them out: importing hybridrt.export imports torch)."""
     from hybridrt.commands.export import LAYOUTS as CLI_LAYOUTS
-    from hybridrt.export.layouts import DEFAULT_LAYOUT, LAYOUTS
+    from hybridrt.interop.layouts import DEFAULT_LAYOUT, LAYOUTS
 
     assert CLI_LAYOUTS == LAYOUTS
     assert CLI_LAYOUTS[0] == DEFAULT_LAYOUT

@@ -14,11 +14,11 @@ from checkpoints import make_llama
 
 import hybridrt
 from hybridrt.cli import main
+from hybridrt.deploy.triton import TritonOptions, plan
 from hybridrt.graphs.contract import state_bytes_per_sequence
 from hybridrt.graphs.manifest import read_manifest
 from hybridrt.quantization import QuantizationError, quantize
 from hybridrt.quantization.kv_cache import pair_rotary
-from hybridrt.serve.triton import TritonOptions, plan
 
 SMALL = exports.QUICK
 PROMPT = list(range(5, 29))
@@ -181,7 +181,7 @@ def test_a_model_without_attention_is_refused_before_any_work(exported: Path, te
 
 def test_onnxruntime_genai_layout_refuses_an_int8_cache(llama_kv8: Path, tmp_path: Path) -> None:
     from hybridrt.errors import ExportError
-    from hybridrt.export.genai_layout import convert
+    from hybridrt.interop.genai import convert
 
     with pytest.raises(ExportError, match="int8"):
         convert(llama_kv8, tmp_path / "genai")

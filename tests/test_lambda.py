@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 import hybridrt
+from hybridrt.deploy import aws_lambda
 from hybridrt.runtime.model import Model
-from hybridrt.serve import aws_lambda
 from hybridrt.serve.chat import ChatTemplate, PlainDefaultTemplate, chat_template
 
 KEY = "lambda-key"
@@ -391,7 +391,7 @@ RUNTIME_ONLY = """
 import json, sys
 for name in ("torch", "starlette", "uvicorn", "prometheus_client", "jinja2", "anyio", "transformers", "onnx"):
     sys.modules[name] = None  # any import of these now raises ImportError
-from hybridrt.serve.aws_lambda import handler
+from hybridrt.deploy.aws_lambda import handler
 def event(method, path, body=None):
     ev = {"version": "2.0", "rawPath": path, "headers": {},
           "requestContext": {"http": {"method": method, "path": path}}}
@@ -426,7 +426,7 @@ def test_package_layout(jamba_onnx: Path, tmp_path: Path, monkeypatch: pytest.Mo
     import zipfile
 
     from hybridrt.cli import main
-    from hybridrt.serve import lambda_package
+    from hybridrt.deploy import lambda_package
 
     installed: list[str] = []
     monkeypatch.setattr(lambda_package, "install_dependencies", lambda target, python: installed.append(python))
@@ -436,12 +436,12 @@ def test_package_layout(jamba_onnx: Path, tmp_path: Path, monkeypatch: pytest.Mo
     assert installed == ["3.12"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the temporary directory was renamed
     names = set(zipfile.ZipFile(out / "lambda.zip").namelist())
-    assert "hybridrt/serve/aws_lambda.py" in names
+    assert "hybridrt/deploy/aws_lambda.py" in names
     assert {f"model/{p.name}" for p in jamba_onnx.iterdir()} <= names
     assert not any("default-model" in n or "__pycache__" in n for n in names)
     docker = (out / "Dockerfile").read_text()
     assert "FROM public.ecr.aws/lambda/python:3.12" in docker
-    assert 'CMD ["hybridrt.serve.aws_lambda.handler"]' in docker
+    assert 'CMD ["hybridrt.deploy.aws_lambda.handler"]' in docker
     [wheel] = out.glob("hybridrt-*.whl")
     assert wheel.name in docker
     assert sorted(p.name for p in (out / "model").iterdir()) == sorted(p.name for p in jamba_onnx.iterdir())
@@ -454,14 +454,14 @@ def test_package_layout(jamba_onnx: Path, tmp_path: Path, monkeypatch: pytest.Mo
 def test_package_wheel_installs(tmp_path: Path) -> None:
     """The wheel that the container image installs: pip accepts it, with the console script and
     the runtime's base dependencies (no extras)."""
-    from hybridrt.serve.lambda_package import write_wheel
+    from hybridrt.deploy.lambda_package import write_wheel
 
     wheel = write_wheel(tmp_path)
     target = tmp_path / "site"
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(target)]
     result = subprocess.run([*cmd, str(wheel)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert (target / "hybridrt" / "serve" / "aws_lambda.py").is_file()
+    assert (target / "hybridrt" / "deploy" / "aws_lambda.py").is_file()
     assert (target / "hybridrt" / "data" / "default-model").is_dir()
     [info] = target.glob("hybridrt-*.dist-info")
     assert "hybridrt = hybridrt.cli:main" in (info / "entry_points.txt").read_text()

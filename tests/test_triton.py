@@ -22,10 +22,10 @@ import pytest
 
 import hybridrt
 from hybridrt.cli import main
+from hybridrt.deploy.triton import DATA_TYPES, TritonOptions, config_text, plan, write_repository
 from hybridrt.errors import DeployError
 from hybridrt.graphs.contract import TensorSpec
 from hybridrt.graphs.manifest import MANIFEST, Manifest, read_manifest
-from hybridrt.serve.triton import DATA_TYPES, TritonOptions, config_text, plan, write_repository
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-# export.layouts.LAYOUTS, the default first; written out here because importing hybridrt.export
+# interop.layouts.LAYOUTS, the default first; written out here because importing hybridrt.export
 # imports torch, which the CLI's other commands must run without (tests/test_interop_tjs.py
 # checks the two agree).
 LAYOUTS = ("hybridrt", "transformers-js", "onnxruntime-genai")

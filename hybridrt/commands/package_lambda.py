@@ -4,7 +4,7 @@ Packages an exported model and the runtime-only hybridrt for AWS Lambda: OUT/lam
 deployment), OUT/Dockerfile with the hybridrt wheel and OUT/model/ (a container image), and
 OUT/sizes.json. "default" exports the default model first when its cached export is missing,
 which needs the `export` extra (torch); the Lambda itself never exports. See
-hybridrt/serve/lambda_package.py and docs/deployment.md.
+hybridrt/deploy/lambda_package.py and docs/deployment.md.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..serve.lambda_package import DEFAULT_PYTHON, LAMBDA_LIMIT, PLATFORMS
+from ..deploy.lambda_package import DEFAULT_PYTHON, LAMBDA_LIMIT, PLATFORMS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..serve.lambda_package import package
+    from ..deploy.lambda_package import package
     from .common import model_dir
 
     def say(line: str) -> None:

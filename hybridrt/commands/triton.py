@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..serve.triton import DEFAULT_KV_CAPACITY, DEFAULT_MAX_BATCH_SIZE, TritonOptions
+from ..deploy.triton import DEFAULT_KV_CAPACITY, DEFAULT_MAX_BATCH_SIZE, TritonOptions
 
 OPTIONS = TritonOptions()
 
@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..serve.triton import write_repository
+    from ..deploy.triton import write_repository
     from .common import model_dir
 
     options = TritonOptions(

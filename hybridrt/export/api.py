@@ -6,7 +6,6 @@ written, validated and described.
 
 from __future__ import annotations
 
-import functools
 import platform
 import resource
 import time
@@ -25,8 +24,6 @@ from ..graphs.manifest import GRAPH_FILES, Manifest
 from ..models.checkpoint import load_model
 from ..models.model import HybridForCausalLM
 from ..runtime.validate import as_path
-from .genai_layout import GENAI, write_genai
-from .layouts import DEFAULT_LAYOUT, TRANSFORMERS_JS, check_layout, write_transformers_js
 from .trace import GraphModule, dynamic_shapes, example_inputs
 
 FORMATS = tuple(GRAPH_FILES)
@@ -49,7 +46,6 @@ def export(
     progress: Callable[[str], None] | None = None,
     quantizer: Any = None,
     eval_text: str | Path | None = None,
-    layout: str = "hybridrt",
 ) -> Manifest:
     """Export a Hugging Face checkpoint directory to `out`; returns the manifest.
 
@@ -61,24 +57,15 @@ def export(
     False keeps standard ONNX operators only (a chunked scan), for other ONNX runtimes.
     fuse_norms: with fused_ops, also fuse each RMSNorm (and the residual Add before it) into
     onnxruntime's SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization (export.fuse).
-    layout: "hybridrt" (this project's directory and contract) or "transformers-js" (the
-    directory and graph interface transformers.js loads; export.layouts); the manifest
-    returned is then the one of the hybridrt graph inside it.
+    Other runtimes' layouts wrap this export (hybridrt.interop.layouts.export_layout).
     """
     say = progress or (lambda msg: None)
     if format not in FORMATS:
         raise ExportError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-    out = as_path(out, "out", ExportError)
-    if out.exists() and not force:
-        raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
+    out = writable(out, force)
     from .hub import resolve
 
     src = resolve(src)
-    if layout != DEFAULT_LAYOUT:
-        check_layout(layout, src, format, quantizer is not None)
-        writers = {TRANSFORMERS_JS: write_transformers_js, GENAI: write_genai}
-        inner = export if quantizer is None else functools.partial(export, quantizer=quantizer)
-        return writers[layout](src, out, inner, force=force, validate=validate, progress=say)
     if quantizer is not None and format != "onnx":
         raise ExportError(f"--quantize needs --format onnx, not {format}")
     if eval_text is not None and quantizer is None:
@@ -100,6 +87,14 @@ def export(
         manifest.write(tmp)
     say(f"wrote {out}")
     return manifest
+
+
+def writable(out: str | Path, force: bool) -> Path:
+    """`out` as a path, refused if it exists unless `force` (before any work)."""
+    out = as_path(out, "out", ExportError)
+    if out.exists() and not force:
+        raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
+    return out
 
 
 def _write(

@@ -1,4 +1,4 @@
-"""hybridrt's graph behind transformers.js's inputs and outputs (export.layouts' transformers-js).
+"""hybridrt's graph behind transformers.js's inputs and outputs (interop.layouts' transformers-js).
 
   input_ids            int64 [batch_size, sequence_length]
   attention_mask       int64 [batch_size, total_sequence_length]   past_lengths = its length
@@ -11,7 +11,7 @@
                        whose present then holds exactly past + new tokens (the growing KV
                        transformers.js concatenates for other models)
   past_conv.{i}, past_ssm.{i}, past_recurrent.{i}   hybridrt's states as they are
-                       (names by export.tjs_names); a state in parts (OLMo Hybrid's conv)
+                       (names by interop.tjs_names); a state in parts (OLMo Hybrid's conv)
                        is concatenated along its channels
   -> logits [batch_size, num_logits, vocab], present.{i}.key / .value and a present_* per past
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..graphs.contract import GraphContract, TensorSpec
-from .layout_files import Prelude, mask_lengths, save_with_data, set_metadata, value_info
+from .files import Prelude, mask_lengths, save_with_data, set_metadata, value_info
 from .tjs_names import Part
 
 LAYOUT = "transformers-js"

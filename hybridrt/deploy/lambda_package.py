@@ -7,7 +7,7 @@ into place at the end:
                       tokenizers, tqdm, and llguidance for constrained decoding; no torch, no
                       other `serve` extra), the model under model/, and
                       bytecode compiled ahead (the deployment is read-only at run time).
-                      Handler: hybridrt.serve.aws_lambda.handler; it finds model/ by itself
+                      Handler: hybridrt.deploy.aws_lambda.handler; it finds model/ by itself
                       ($LAMBDA_TASK_ROOT/model), or set HYBRIDRT_MODEL.
   OUT/Dockerfile      a container image on public.ecr.aws/lambda/python:VERSION that pip-installs
   OUT/hybridrt-*.whl  the hybridrt wheel (runtime dependencies only) and copies model/.
@@ -102,7 +102,7 @@ COPY {wheel} /tmp/
 RUN pip install --no-cache-dir /tmp/{wheel} {grammar} && rm /tmp/{wheel}
 COPY model ${{LAMBDA_TASK_ROOT}}/model
 ENV HYBRIDRT_MODEL=${{LAMBDA_TASK_ROOT}}/model
-CMD ["hybridrt.serve.aws_lambda.handler"]
+CMD ["hybridrt.deploy.aws_lambda.handler"]
 """
 
 

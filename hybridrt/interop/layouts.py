@@ -6,7 +6,7 @@ contract of graphs.contract. `transformers-js` is the directory transformers.js
 causal LM:
 
     config.json               the language model's config, layer_types in transformers.js's
-                              names (export.tjs_names), "transformers.js_config":
+                              names (interop.tjs_names), "transformers.js_config":
                               {"use_external_data_format": true, "dtype": the file's dtype}
     generation_config.json    the checkpoint's, or bos/eos/pad from config.json
     tokenizer.json, tokenizer_config.json, ...
@@ -18,7 +18,7 @@ causal LM:
 Its graph is hybridrt's graph with standard ONNX operators (onnxruntime-node 1.30, the one
 transformers.js 4.x pins, refuses the fused graph: its GroupQueryAttention takes 16 inputs),
 quantized as `--quantize` quantizes hybridrt's own (MatMulNBits; DynamicQuantizeLinear +
-MatMulInteger), with transformers.js's interface around it (export.tjs_graph).
+MatMulInteger), with transformers.js's interface around it (interop.tjs_graph).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ..errors import ExportError
 from ..graphs.contract import GraphContract
 from ..graphs.files import atomic_directory, copy_tokenizer
 from ..graphs.manifest import GRAPH_FILES, Manifest
-from .layout_files import write_around
+from .files import write_around
 from .tjs_graph import adapt_graph
 from .tjs_names import FAMILIES, TOKEN_FIELDS
 
@@ -47,6 +47,32 @@ DTYPES = {None: "fp32", "int4": "q4", "int8-dynamic": "q8", "int8-weight": "int8
 SUFFIXES = {"fp32": "", "q4": "_q4", "q8": "_quantized", "int8": "_int8"}
 
 
+def export_layout(
+    layout: str,
+    src: str | Path,
+    out: str | Path,
+    export: Callable[..., Manifest],
+    *,
+    format: str = "onnx",
+    force: bool = False,
+    validate: bool = True,
+    progress: Callable[[str], None] | None = None,
+    quantized: bool = False,
+) -> Manifest:
+    """`layout`'s directory at `out`, around the graph `export` (hybridrt.export.export, with
+    its quantizer bound when `quantized`: quantized while exporting) writes of `src`; returns
+    the manifest of that inner graph."""
+    from ..export.api import writable
+    from ..export.hub import resolve
+    from .genai import GENAI, write_genai
+
+    out = writable(out, force)
+    src = resolve(src)
+    check_layout(layout, src, format, quantized)
+    writers = {TRANSFORMERS_JS: write_transformers_js, GENAI: write_genai}
+    return writers[layout](src, out, export, force=force, validate=validate, progress=progress or (lambda m: None))
+
+
 def check_layout(layout: str, src: Path, format: str, quantized: bool) -> None:
     """Refuse, before any work, a layout this export cannot write."""
     if layout not in LAYOUTS:
@@ -58,14 +84,14 @@ def check_layout(layout: str, src: Path, format: str, quantized: bool) -> None:
     if layout == TRANSFORMERS_JS:
         _check_transformers_js(src, quantized)
     elif layout == "onnxruntime-genai":
-        from .genai_layout import check_genai
+        from .genai import check_genai
 
         check_genai(src, quantized)
 
 
 def _check_transformers_js(src: Path, quantized: bool) -> None:
     """Every direct quantization mode has its transformers.js dtype (DTYPES); the model type
-    must be one whose cache names export.tjs_names knows."""
+    must be one whose cache names interop.tjs_names knows."""
     model_type = _hf_config(src).get("model_type")
     if model_type not in FAMILIES:
         raise ExportError(
@@ -132,7 +158,7 @@ def _write(src: Path, graph_dir: Path, manifest: Manifest, tmp: Path, *, move: b
 
 
 def _write_configs(src: Path, tmp: Path, config: dict[str, Any], dtype: str) -> None:
-    """config.json as transformers.js reads it (export.tjs_names), naming the file's dtype and
+    """config.json as transformers.js reads it (interop.tjs_names), naming the file's dtype and
     its external data, generation_config.json, and a tokenizer_config.json where the checkpoint
     has none (transformers.js's tokenizer loads both)."""
     tjs = dict(config.get("transformers.js_config") or {})

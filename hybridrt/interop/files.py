@@ -1,4 +1,4 @@
-"""What the layouts of other runtimes share (export.layouts, export.tjs_graph, export.genai_layout):
+"""What the layouts of other runtimes share (interop.layouts, interop.tjs_graph, interop.genai):
 the prelude that maps their inputs onto hybridrt's and its installation in the graph, value infos,
 metadata, the files they save, and the atomic write of a layout around hybridrt's own export."""
 

@@ -1,4 +1,4 @@
-"""The same text scoring as `hybridrt eval`, with the PyTorch reference model."""
+"""The tests' reference for `hybridrt eval`: the same text scoring, with the PyTorch model."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..runtime.evaluate import score_text
-from .checkpoint import load_model
+from hybridrt.models.checkpoint import load_model
+from hybridrt.runtime.evaluate import score_text
 
 
 def reference_eval(checkpoint: str | Path, text: str, window: int, stride: int) -> dict[str, Any]:

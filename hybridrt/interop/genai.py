@@ -54,7 +54,7 @@ from ..errors import ExportError
 from ..graphs.contract import GraphContract, TensorSpec
 from ..graphs.files import atomic_directory, copy_tokenizer
 from ..graphs.manifest import Manifest
-from .layout_files import Prelude, mask_lengths, save_with_data, set_metadata, value_info, write_around
+from .files import Prelude, mask_lengths, save_with_data, set_metadata, value_info, write_around
 
 GENAI = "onnxruntime-genai"
 RUNTIME = "onnxruntime-genai 0.18"

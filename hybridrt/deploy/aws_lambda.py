@@ -50,12 +50,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GenerationError, GraphError
-from . import openai
-from .chat import chat_params, chat_template
-from .config import ServeConfig
-from .grammar import Matcher, matchers
-from .logprobs import TokenText, rescore, shape
-from .protocol import (
+from ..serve import openai
+from ..serve.chat import chat_params, chat_template
+from ..serve.config import ServeConfig
+from ..serve.grammar import Matcher, matchers
+from ..serve.logprobs import TokenText, rescore, shape
+from ..serve.protocol import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
     UNSUPPORTED,
@@ -65,8 +65,8 @@ from .protocol import (
     completion_params,
     parse_json,
 )
-from .tool_parse import CallParser
-from .tools import with_markers
+from ..serve.tool_parse import CallParser
+from ..serve.tools import with_markers
 
 ROUTES = {
     "/health": "GET",
@@ -283,7 +283,7 @@ def _generate(model: Any, row: list[int], cfg: Any, grammar: Matcher | None) -> 
     import numpy as np
 
     from ..runtime.decode import feed
-    from .request import Request
+    from ..serve.request import Request
 
     req = Request(row, cfg, lambda update: None, grammar=grammar)
     req.start(model.eos_token_ids, model.tokenizer, int(model.manifest.vocab_size))
