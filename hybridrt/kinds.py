@@ -3,7 +3,7 @@
 Every kind declares, once, the module that implements it, the states it carries from one
 call to the next (name, per-sequence dims as a function of the config, dtype), whether it
 reads the attention mask and rotary positions, and which of its nodes quantization keeps
-float. The graph contract (graphs.contract), the reference model (models.model), the
+float. The graph contract (graphs.contract), the reference model (models.decoder), the
 runtime's buffers (through the contract), quantization's keep-float rules and the tests
 all read this table; nothing else lists kinds.
 
@@ -124,7 +124,7 @@ register_kind(
 register_kind(
     LayerKind(
         "mamba",
-        "hybridrt.models.mamba:MambaMixer",
+        "hybridrt.models.mixers.mamba:MambaMixer",
         (
             StateDecl("conv", lambda c: (c.d_inner, c.mamba_d_conv - 1)),
             StateDecl("ssm", lambda c: (c.mamba_d_state, c.d_inner)),
@@ -138,7 +138,7 @@ register_kind(
 register_kind(
     LayerKind(
         "mamba2",
-        "hybridrt.models.mamba2:Mamba2Mixer",
+        "hybridrt.models.mixers.mamba2:Mamba2Mixer",
         (MAMBA2_CONV, MAMBA2_SSM),
         "Mamba2 SSD (scalar decay per head); x, B and C share one conv; gated RMSNorm",
     )
@@ -146,7 +146,7 @@ register_kind(
 register_kind(
     LayerKind(
         "conv",
-        "hybridrt.models.shortconv:ShortConv",
+        "hybridrt.models.mixers.shortconv:ShortConv",
         (StateDecl("conv", lambda c: (c.hidden_size, c.conv_kernel - 1)),),
         "LFM2's gated short causal conv",
         params=ShortConvParams,
@@ -156,7 +156,7 @@ register_kind(LayerKind("none", None, (), "no mixer: the layer is its feed-forwa
 register_kind(
     LayerKind(
         "parallel_hybrid",
-        "hybridrt.models.parallel_hybrid:ParallelHybrid",
+        "hybridrt.models.mixers.parallel_hybrid:ParallelHybrid",
         (KEY, VALUE, MAMBA2_CONV, MAMBA2_SSM),
         "Falcon-H1: attention and a Mamba2 mixer side by side on the same input, outputs summed",
         attention=True,
@@ -165,7 +165,7 @@ register_kind(
 register_kind(
     LayerKind(
         "gated_delta",
-        "hybridrt.models.gated_delta:GatedDeltaNet",
+        "hybridrt.models.mixers.gated_delta:GatedDeltaNet",
         (
             StateDecl("conv", lambda c: (c.gdn_conv_dim, c.gdn_conv_kernel - 1)),
             # [H_v, K, V]: transformers' and onnxruntime LinearAttention's layout
@@ -184,19 +184,19 @@ register_kind(
 
 register_ffn("mlp", "hybridrt.models.layers:MLP")
 register_ffn("moe", "hybridrt.models.layers:MoE")
-register_ffn("shared_mlp", "hybridrt.models.shared_ffn:SharedMLP")
-register_ffn("shared_moe", "hybridrt.models.shared_ffn:SharedMoE")
+register_ffn("shared_mlp", "hybridrt.models.ffn.shared:SharedMLP")
+register_ffn("shared_moe", "hybridrt.models.ffn.shared:SharedMoE")
 register_ffn("none", None)
-register_ffn("scaled_mlp", "hybridrt.models.parallel_hybrid:ScaledMLP")
-register_ffn("sigmoid_moe", "hybridrt.models.sigmoid_moe:SigmoidMoE")
-register_ffn("gated_shared_moe", "hybridrt.models.gated_moe:GatedSharedMoE")
+register_ffn("scaled_mlp", "hybridrt.models.mixers.parallel_hybrid:ScaledMLP")
+register_ffn("sigmoid_moe", "hybridrt.models.ffn.sigmoid_moe:SigmoidMoE")
+register_ffn("gated_shared_moe", "hybridrt.models.ffn.gated_moe:GatedSharedMoE")
 
 # Zamba2: a shared transformer block (attention over concat(x, embeddings), 2d wide, then an
 # MLP) whose output, projected, is added to x before the layer's Mamba2 norm and mixer.
 register_kind(
     LayerKind(
         "zamba2_hybrid",
-        "hybridrt.models.zamba2:Zamba2Hybrid",
+        "hybridrt.models.mixers.zamba2:Zamba2Hybrid",
         (KEY, VALUE, MAMBA2_CONV, MAMBA2_SSM),
         "Zamba2 hybrid layer: shared attention+MLP block (per-layer LoRA adapters) then Mamba2",
         attention=True,
@@ -208,18 +208,18 @@ register_kind(
 register_kind(
     LayerKind(
         "post_norm_attention",
-        "hybridrt.models.post_norm:PostNormAttention",
+        "hybridrt.models.mixers.post_norm:PostNormAttention",
         (KEY, VALUE),
         "OLMo's attention: q/k RMSNorm over all heads, optional RoPE, RMSNorm on the output (post-norm)",
         attention=True,
         prenorm=False,
     )
 )
-register_ffn("post_norm_mlp", "hybridrt.models.post_norm:PostNormMLP")
+register_ffn("post_norm_mlp", "hybridrt.models.mixers.post_norm:PostNormMLP")
 # Nemotron-H's MLP layer: down(relu(up(x))^2), no gate.
-register_ffn("relu2_mlp", "hybridrt.models.relu2_mlp:Relu2MLP")
+register_ffn("relu2_mlp", "hybridrt.models.ffn.relu2_mlp:Relu2MLP")
 # Nemotron-H's MoE layer: sigmoid group-limited router, squared-ReLU experts, shared expert.
-register_ffn("nemotron_moe", "hybridrt.models.relu2_mlp:NemotronMoE")
+register_ffn("nemotron_moe", "hybridrt.models.ffn.relu2_mlp:NemotronMoE")
 
 
 def layer_kind(name: str) -> LayerKind:

@@ -26,7 +26,7 @@ def main() -> int:
 
     import hybridrt
     from hybridrt.export.validate import TOLERANCE, measure_parity, ort_runner
-    from hybridrt.models.checkpoint import load_model
+    from hybridrt.models.loading.checkpoint import load_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("families", nargs="*", default=sorted(BUILDERS))

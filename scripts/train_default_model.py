@@ -46,10 +46,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 import hybridrt
 from hybridrt.config import HybridConfig
 from hybridrt.graphs.files import atomic_directory
-from hybridrt.models.checkpoint import load_model
+from hybridrt.models.decoder import HybridForCausalLM
 from hybridrt.models.families.jamba import FAMILY, translate
-from hybridrt.models.mamba import MambaMixer
-from hybridrt.models.model import HybridForCausalLM
+from hybridrt.models.loading.checkpoint import load_model
+from hybridrt.models.mixers.mamba import MambaMixer
 from hybridrt.models.state import zero_states
 
 DEFAULT_OUT = Path(hybridrt.__file__).resolve().parent / "data" / "default-model"

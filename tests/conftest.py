@@ -149,7 +149,7 @@ def toy_registered() -> Iterator[None]:
     """tests/toy_kind.py's layer kind "ema" (one state, an exponential moving average) and its
     family, registered as a third party would, and unregistered afterwards."""
     from hybridrt.kinds import LAYER_KINDS, LayerKind, register_kind
-    from hybridrt.models.registry import FAMILIES, Family, register
+    from hybridrt.models.loading.registry import FAMILIES, Family, register
 
     register_kind(LayerKind("ema", "toy_kind:EmaMixer", (toy_kind.EMA_STATE,), "toy moving average"))
     register(Family("toy_ema", toy_kind.translate))

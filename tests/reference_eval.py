@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridrt.models.checkpoint import load_model
+from hybridrt.models.loading.checkpoint import load_model
 from hybridrt.runtime.evaluate import score_text
 
 

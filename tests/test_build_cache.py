@@ -24,7 +24,7 @@ def _copy_package(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     "edited",
     [
-        "models/mamba2.py",  # a mixer, found by name at run time (no import graph shows it)
+        "models/mixers/mamba2.py",  # a mixer, found by name at run time (no import graph shows it)
         "models/families/granitemoehybrid.py",
         "graphs/contract.py",
         "export/fuse.py",  # an export pass

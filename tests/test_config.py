@@ -12,7 +12,7 @@ import pytest
 
 from hybridrt.config import FAMILY_PARAMS, HybridConfig, kind_params_classes
 from hybridrt.kinds import LAYER_KINDS, GatedDeltaParams, LayerKind, StateDecl, register_kind
-from hybridrt.models.registry import FAMILIES, Family, register
+from hybridrt.models.loading.registry import FAMILIES, Family, register
 
 BASE = dict(model_type="t", vocab_size=64, hidden_size=16, num_attention_heads=2, num_key_value_heads=2)
 

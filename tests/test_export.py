@@ -18,7 +18,7 @@ from hybridrt.export.trace import GraphModule, feeds
 from hybridrt.export.validate import measure_parity, ort_runner, torch_runner
 from hybridrt.graphs.contract import GraphContract
 from hybridrt.graphs.manifest import read_manifest
-from hybridrt.models.checkpoint import load_model
+from hybridrt.models.loading.checkpoint import load_model
 from hybridrt.models.state import zero_states
 
 TOL = 1e-4

@@ -20,7 +20,7 @@ import hybridrt
 from hybridrt.errors import UnsupportedArchitectureError
 from hybridrt.graphs.contract import past_specs
 from hybridrt.graphs.manifest import read_manifest
-from hybridrt.models.checkpoint import load_config, load_model
+from hybridrt.models.loading.checkpoint import load_config, load_model
 from hybridrt.models.state import zero_states
 from hybridrt.quantization import quantize
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from family_checkpoints import make_falcon_h1
 
-from hybridrt.models.checkpoint import load_model
+from hybridrt.models.loading.checkpoint import load_model
 
 TOL = 1e-4
 UNIT = dict(

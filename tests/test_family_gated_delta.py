@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridrt.models.delta_scan import gated_delta_scan
+from hybridrt.models.recurrences.delta_scan import gated_delta_scan
 
 TOL = 1e-4
 B, H, K, V = 2, 4, 8, 12
@@ -140,7 +140,7 @@ def test_blockwise_inverse_equals_forward_substitution(size: int) -> None:
     """The prompt graph inverts the chunk's unit lower-triangular system blockwise (log2 L
     steps); it gives forward substitution's inverse (L - 1 row steps, transformers' way) to
     float32 rounding, and is no further than it from the float64 inverse."""
-    from hybridrt.models.delta_scan import unit_lower_inverse
+    from hybridrt.models.recurrences.delta_scan import unit_lower_inverse
 
     g = torch.Generator().manual_seed(size)
     k = torch.nn.functional.normalize(torch.randn(2, 3, 4, size, 8, generator=g), dim=-1)

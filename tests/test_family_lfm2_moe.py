@@ -11,7 +11,7 @@ import torch
 from family_checkpoints import make_lfm2_moe
 from safetensors.torch import load_file, save_file
 
-from hybridrt.models.checkpoint import load_model
+from hybridrt.models.loading.checkpoint import load_model
 
 TOL = 1e-4
 

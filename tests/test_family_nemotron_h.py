@@ -13,7 +13,7 @@ import torch
 from family_checkpoints import make_nemotron_h
 
 from hybridrt.errors import UnsupportedArchitectureError
-from hybridrt.models.checkpoint import load_config, load_model
+from hybridrt.models.loading.checkpoint import load_config, load_model
 
 
 @pytest.fixture(scope="module")

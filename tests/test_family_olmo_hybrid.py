@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hybridrt.models.checkpoint import load_config, load_model
+from hybridrt.models.loading.checkpoint import load_config, load_model
 
 TOL = 1e-4
 

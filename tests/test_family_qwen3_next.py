@@ -10,7 +10,7 @@ import exports
 import pytest
 import torch
 
-from hybridrt.models.checkpoint import load_config, load_model
+from hybridrt.models.loading.checkpoint import load_config, load_model
 
 TOL = 1e-4
 

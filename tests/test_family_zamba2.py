@@ -11,9 +11,9 @@ import pytest
 import torch
 from family_checkpoints import make_zamba2
 
-from hybridrt.models.checkpoint import load_model
-from hybridrt.models.mamba2 import Mamba2Mixer
-from hybridrt.models.model import HybridForCausalLM
+from hybridrt.models.decoder import HybridForCausalLM
+from hybridrt.models.loading.checkpoint import load_model
+from hybridrt.models.mixers.mamba2 import Mamba2Mixer
 
 TOL = 1e-4
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridrt.models import ops
-from hybridrt.models.checkpoint import load_model
+from hybridrt.models.loading.checkpoint import load_model
 
 B, L, CHUNK, MAX_LEN = 2, 11, 4, 64
 

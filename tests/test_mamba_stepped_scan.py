@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from hybridrt.default_model import CHECKPOINT_DIR  # noqa: E402
-from hybridrt.models.checkpoint import load_model  # noqa: E402
-from hybridrt.models.mamba import MambaMixer  # noqa: E402
-from hybridrt.models.model import HybridForCausalLM  # noqa: E402
+from hybridrt.models.decoder import HybridForCausalLM
+from hybridrt.models.loading.checkpoint import load_model
+from hybridrt.models.mixers.mamba import MambaMixer
 from hybridrt.models.state import zero_states  # noqa: E402
 
 

@@ -26,7 +26,7 @@ import pytest
 
 from hybridrt.config import HybridConfig
 from hybridrt.errors import UnsupportedArchitectureError
-from hybridrt.models.checkpoint import load_config
+from hybridrt.models.loading.checkpoint import load_config
 
 DATA = Path(__file__).parent / "data" / "released_configs"
 FILES = sorted(DATA.glob("*.json"))

@@ -26,7 +26,7 @@ from family_checkpoints import QWEN3_5_VL_VISION, _save
 from test_released_configs import DATA, REFUSED
 
 import hybridrt
-from hybridrt.models.checkpoint import load_config, load_model
+from hybridrt.models.loading.checkpoint import load_config, load_model
 
 TOL = 1e-4
 FILES = [p for p in sorted(DATA.glob("*.json")) if p.stem not in REFUSED]

@@ -74,7 +74,7 @@ def test_the_streamed_parity_check_catches_a_wrong_weight(granite: Path, exporte
     from onnx import numpy_helper
 
     from hybridrt.export.validate import measure_parity_streamed
-    from hybridrt.models.checkpoint import open_weights
+    from hybridrt.models.loading.checkpoint import open_weights
 
     model = onnx.load(str(exported / "model.onnx"))
     target = next(t for t in model.graph.initializer if "layers.3" in t.name and "out_proj" in t.name)

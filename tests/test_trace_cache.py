@@ -14,7 +14,7 @@ from checkpoints import make_llama
 import hybridrt
 from hybridrt.export.trace_cache import ENV, template_key
 from hybridrt.graphs.contract import GraphContract
-from hybridrt.models.checkpoint import load_config
+from hybridrt.models.loading.checkpoint import load_config
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from torch import nn
 from hybridrt.config import HybridConfig
 from hybridrt.kinds import StateDecl
 from hybridrt.models.context import MixerContext
-from hybridrt.models.scan import linear_scan
+from hybridrt.models.recurrences.scan import linear_scan
 
 EMA_STATE = StateDecl("ema", lambda c: (c.hidden_size,))
 
@@ -57,7 +57,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
 
 def make_toy(directory: Path) -> Path:
     """A checkpoint directory (config.json + model.safetensors) for the toy family."""
-    from hybridrt.models.model import HybridForCausalLM
+    from hybridrt.models.decoder import HybridForCausalLM
 
     hf = {"model_type": "toy_ema", "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 4}
     torch.manual_seed(0)

@@ -21,8 +21,8 @@ from ..errors import CheckpointError, ExportError, GraphError
 from ..graphs.contract import GraphContract
 from ..graphs.files import atomic_directory, copy_tokenizer
 from ..graphs.manifest import GRAPH_FILES, Manifest
-from ..models.checkpoint import load_model
-from ..models.model import HybridForCausalLM
+from ..models.decoder import HybridForCausalLM
+from ..models.loading.checkpoint import load_model
 from ..runtime.validate import as_path
 from .trace import GraphModule, dynamic_shapes, example_inputs
 
@@ -151,8 +151,8 @@ def _write_onnx(
     """ONNX, one layer at a time from the memory-mapped checkpoint (export.streamed)."""
     from ..errors import QuantizationError
     from ..graphs.in_place import in_place_states
-    from ..models.checkpoint import open_weights
-    from ..models.weights import numel
+    from ..models.loading.checkpoint import open_weights
+    from ..models.loading.weights import numel
     from . import validate as val
     from .onnx_export import check_graph
     from .streamed import write_graph

@@ -34,7 +34,7 @@ from torch import nn
 from ..config import HybridConfig
 from ..graphs.contract import GraphContract
 from ..models.context import MixerContext
-from ..models.model import Block, HybridForCausalLM
+from ..models.decoder import Block, HybridForCausalLM
 from ..models.ops import fused_ops
 from ..models.state import random_states
 from .trace import EXAMPLE_BATCH, EXAMPLE_PASTS, EXAMPLE_SEQ, EXAMPLE_SPARE

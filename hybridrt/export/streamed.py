@@ -20,7 +20,7 @@ import onnx
 
 from ..graphs.contract import GraphContract
 from ..graphs.files import IR_VERSION
-from ..models.weights import Weights
+from ..models.loading.weights import Weights
 from .compose import DataFile, Fragment, Prepared, assemble, instantiate, prepare
 from .fragments import CTX_FIELDS, Template, layer_blocks, outer_model, signature, trace_layer, trace_outer
 from .trace_cache import TraceCache, template_key

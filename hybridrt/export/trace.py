@@ -8,7 +8,7 @@ from torch import nn
 
 from ..graphs.contract import GraphContract
 from ..graphs.feeds import graph_feeds
-from ..models.model import HybridForCausalLM
+from ..models.decoder import HybridForCausalLM
 from ..models.state import random_states
 
 # Example sizes for tracing. None is 0 or 1 (torch.export would specialize on them), the

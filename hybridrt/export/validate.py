@@ -21,7 +21,7 @@ import torch
 
 from ..graphs.contract import GraphContract
 from ..graphs.feeds import state_shape
-from ..models.model import HybridForCausalLM
+from ..models.decoder import HybridForCausalLM
 from ..models.state import random_states, zero_states
 from .trace import GraphModule, feeds
 
@@ -148,7 +148,7 @@ def measure_parity_streamed(
     contract: GraphContract | None = None,
 ) -> dict[str, Any]:
     """measure_parity's cases, with the reference run one layer at a time (each layer's
-    weights read, used for every case, then dropped: models.weights.Weights) and its outputs
+    weights read, used for every case, then dropped: models.loading.weights.Weights) and its outputs
     kept on disk beside the graph, so the check never holds the float model, or the
     reference's outputs, beside the graph's session. Decode tokens are drawn at random (the
     same for both sides) rather than taken from the reference's argmax, since the reference

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..models.weights import Weights, numel
+from ..models.loading.weights import Weights, numel
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 

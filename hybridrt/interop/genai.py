@@ -83,7 +83,7 @@ def check_genai(src: Path, quantized: bool) -> None:
     """Refuse, before any work, a model genai cannot run, naming the runtime, the family and
     the layer kind it has no binding for. Quantized exports pass: their operators (int4's
     MatMulNBits among them) are onnxruntime's, which genai runs on."""
-    from ..models.checkpoint import load_config
+    from ..models.loading.checkpoint import load_config
 
     cfg, _, hf = load_config(src)
     runtime_type(GraphContract.of(cfg).pasts, tuple(cfg.layer_types), hf.get("model_type"))

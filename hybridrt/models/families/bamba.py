@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
-from ..registry import Family, register
-from ..translate import check_silu, eos_ids, mamba2_fields, rope_settings
+from ..loading.registry import Family, register
+from ..loading.translate import check_silu, eos_ids, mamba2_fields, rope_settings
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:

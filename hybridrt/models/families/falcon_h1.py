@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
-from ..registry import Family, register
-from ..translate import check_silu, check_time_step_limit, eos_ids, rope_settings, unsupported
+from ..loading.registry import Family, register
+from ..loading.translate import check_silu, check_time_step_limit, eos_ids, rope_settings, unsupported
 
 MODEL = "falcon_h1"
 

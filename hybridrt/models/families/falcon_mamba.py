@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
-from ..registry import Family, register
-from ..translate import MAMBA_RENAMES, mamba_model
+from ..loading.registry import Family, register
+from ..loading.translate import MAMBA_RENAMES, mamba_model
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:

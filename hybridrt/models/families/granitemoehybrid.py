@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
-from ..registry import Family, register
-from ..translate import check_silu, eos_ids, layer_kinds, mamba2_fields, rope_settings, unsupported
+from ..loading.registry import Family, register
+from ..loading.translate import check_silu, eos_ids, layer_kinds, mamba2_fields, rope_settings, unsupported
 
 # `position_embedding_type`: "rope", or no positions ("nope" in the released files, or null).
 POSITION_TYPES = (None, "rope", "nope")

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
-from ..registry import Family, register
-from ..translate import LFM2_LAYER_KINDS, LFM2_RENAMES, lfm2_fields, unsupported
+from ..loading.registry import Family, register
+from ..loading.translate import LFM2_LAYER_KINDS, LFM2_RENAMES, lfm2_fields, unsupported
 
 MODEL = "lfm2_moe"
 

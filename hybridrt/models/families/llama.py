@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
-from ..registry import Family, register
-from ..translate import eos_ids, rope_settings, unsupported
+from ..loading.registry import Family, register
+from ..loading.translate import eos_ids, rope_settings, unsupported
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:

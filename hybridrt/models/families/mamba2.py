@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
-from ..registry import Family, register
-from ..translate import SSM_MAX_LENGTH, check_silu, check_time_step_limit, eos_ids, unsupported
+from ..loading.registry import Family, register
+from ..loading.translate import SSM_MAX_LENGTH, check_silu, check_time_step_limit, eos_ids, unsupported
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:

@@ -14,8 +14,8 @@ import re
 from typing import Any
 
 from ...config import HybridConfig
-from ..registry import Family, register
-from ..translate import SSM_MAX_LENGTH, eos_ids, unsupported
+from ..loading.registry import Family, register
+from ..loading.translate import SSM_MAX_LENGTH, eos_ids, unsupported
 
 # layers_block_type entry (or pattern letter) -> (mixer kind, ffn kind)
 KINDS = {

@@ -14,8 +14,8 @@ import re
 from typing import Any
 
 from ...config import HybridConfig
-from ..registry import Family, Merge, concat, register
-from ..translate import check_silu, eos_ids, rope_settings, unsupported
+from ..loading.registry import Family, Merge, concat, register
+from ..loading.translate import check_silu, eos_ids, rope_settings, unsupported
 
 MODEL = "olmo_hybrid"
 KINDS = {"linear_attention": ("gated_delta", "mlp"), "full_attention": ("post_norm_attention", "post_norm_mlp")}

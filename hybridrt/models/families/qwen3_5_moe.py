@@ -9,11 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
-from ..registry import register
-from ..translate import (
-    qwen3_5_families,
-    qwen_gdn_fields,
-)
+from ..loading.registry import register
+from ..loading.translate import qwen3_5_families, qwen_gdn_fields
 
 
 def translate(hf: dict[str, Any], model_type: str = "qwen3_5_moe_text") -> HybridConfig:

@@ -1,7 +1,7 @@
 """Zamba2 (`Zamba2ForCausalLM`): Mamba2 layers and "hybrid" layers, which first run one of
 `num_mem_blocks` shared transformer blocks (round-robin) on concat(x, embeddings), with
 per-layer LoRA adapters, and add its projected output to x before their own Mamba2
-(layer kind zamba2_hybrid, models/zamba2.py).
+(layer kind zamba2_hybrid, models/mixers/zamba2.py).
 
 The checkpoint stores each shared block once, under the first hybrid layer that uses it
 (`model.layers.{i}.shared_transformer.*`), with every layer's adapters inside it
@@ -15,8 +15,8 @@ import re
 from typing import Any
 
 from ...config import HybridConfig
-from ..registry import Family, register
-from ..translate import eos_ids, rope_settings, unsupported
+from ..loading.registry import Family, register
+from ..loading.translate import eos_ids, rope_settings, unsupported
 
 KINDS = {"mamba": "mamba2", "linear_attention": "mamba2", "hybrid": "zamba2_hybrid"}
 ACTS = ("gelu", "silu", "relu")

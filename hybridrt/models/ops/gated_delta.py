@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..delta_scan import gated_delta_scan as _gated_delta_reference
+from ..recurrences.delta_scan import gated_delta_scan as _gated_delta_reference
 from . import linear_attention
 from .registry import FusedOp, register
 

@@ -17,7 +17,7 @@ import onnx
 import torch
 
 from ...graphs.edit import constant_value, prune
-from ..scan import linear_scan
+from ..recurrences.scan import linear_scan
 from .registry import SCAN_DOMAIN, FusedOp, register
 
 

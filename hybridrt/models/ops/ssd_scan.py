@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..scan import ssd_scan as _ssd_reference
+from ..recurrences.scan import ssd_scan as _ssd_reference
 from . import linear_attention
 from .registry import FusedOp, register
 

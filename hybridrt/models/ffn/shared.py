@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import HybridConfig
-from .layers import MoE, activation
+from ...config import HybridConfig
+from ..layers import MoE, activation
 
 
 class FusedMLP(nn.Module):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import HybridConfig
+from ...config import HybridConfig
 
 
 class Relu2MLP(nn.Module):

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import HybridConfig
-from .context import MixerContext
-from .ops import UsesFusedOps, causal_conv, gated_delta
+from ...config import HybridConfig
+from ..context import MixerContext
+from ..ops import UsesFusedOps, causal_conv, gated_delta
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -12,8 +12,8 @@ import dataclasses
 import torch
 from torch import nn
 
-from ..config import HybridConfig
-from .layers import MLP, MoE
+from ...config import HybridConfig
+from ..layers import MLP, MoE
 
 
 class GatedSharedMoE(MoE):

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import HybridConfig
-from .context import MixerContext
-from .ops import UsesFusedOps, causal_conv, ssd_scan
+from ...config import HybridConfig
+from ..context import MixerContext
+from ..ops import UsesFusedOps, causal_conv, ssd_scan
 
 
 class GatedRMSNorm(nn.Module):

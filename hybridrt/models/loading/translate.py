@@ -9,8 +9,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ..config import HybridConfig
-from ..errors import UnsupportedArchitectureError
+from ...config import HybridConfig
+from ...errors import UnsupportedArchitectureError
 from .registry import Family
 
 

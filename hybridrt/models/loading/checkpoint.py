@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..config import HybridConfig
-from ..errors import CheckpointError, UnsupportedArchitectureError
-from .model import HybridForCausalLM
+from ...config import HybridConfig
+from ...errors import CheckpointError, UnsupportedArchitectureError
+from ..decoder import HybridForCausalLM
 from .registry import Family, get_family
 from .weights import Weights
 
@@ -105,7 +105,7 @@ def weight_files(src: Path) -> list[Path]:
 
 
 def open_weights(src: str | Path) -> Weights:
-    """The checkpoint's weights, read one tensor at a time (models.weights); use it as a
+    """The checkpoint's weights, read one tensor at a time (models.loading.weights); use it as a
     context manager. Its names and shapes are checked against the config on entry."""
     src = Path(src)
     cfg, family, hf = load_config(src)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import HybridConfig
-from .context import MixerContext
-from .layers import MLP, Attention, RMSNorm
+from ...config import HybridConfig
+from ..context import MixerContext
+from ..layers import MLP, Attention, RMSNorm
 
 
 class PostNormAttention(Attention):
@@ -42,7 +42,7 @@ class PostNormAttention(Attention):
 class PostNormMLP(MLP):
     """Feed-forward `post_norm_mlp`: x [b, l, d] (not normed) -> post_norm(mlp(x)) [b, l, d]."""
 
-    prenorm = False  # models.model.Block gives it no norm before
+    prenorm = False  # models.decoder.Block gives it no norm before
 
     def __init__(self, cfg: HybridConfig, layer: int = 0) -> None:
         super().__init__(cfg, layer)

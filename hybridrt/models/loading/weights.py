@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from ..config import HybridConfig
-from ..errors import CheckpointError
+from ...config import HybridConfig
+from ...errors import CheckpointError
 from .registry import Family, Merge
 
 MAX_HEADER = 100 << 20
@@ -47,7 +47,7 @@ DTYPES = {
 def expected_shapes(cfg: HybridConfig, src: Path) -> dict[str, tuple[int, ...]]:
     """Every checkpoint tensor the config implies (parameters and persistent buffers, tied
     weights once), with its shape, from a model built on the meta device."""
-    from .model import HybridForCausalLM
+    from ..decoder import HybridForCausalLM
 
     try:
         with torch.device("meta"):

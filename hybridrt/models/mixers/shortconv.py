@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import HybridConfig
-from .context import MixerContext
-from .ops import UsesFusedOps, causal_conv
+from ...config import HybridConfig
+from ..context import MixerContext
+from ..ops import UsesFusedOps, causal_conv
 
 
 class ShortConv(UsesFusedOps, nn.Module):

@@ -24,11 +24,11 @@ from typing import cast
 import torch
 from torch import nn
 
-from ..config import HybridConfig
-from .context import MixerContext
-from .layers import RMSNorm, activation
+from ...config import HybridConfig
+from ..context import MixerContext
+from ..layers import RMSNorm, activation
+from ..ops import UsesFusedOps, attend
 from .mamba2 import Mamba2Mixer
-from .ops import UsesFusedOps, attend
 
 KIND = "zamba2_hybrid"
 

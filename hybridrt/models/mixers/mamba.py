@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import HybridConfig
-from .context import MixerContext
-from .layers import RMSNorm
-from .ops import UsesFusedOps, causal_conv, selective_scan
+from ...config import HybridConfig
+from ..context import MixerContext
+from ..layers import RMSNorm
+from ..ops import UsesFusedOps, causal_conv, selective_scan
 
 
 class WeightlessRMSNorm(nn.Module):

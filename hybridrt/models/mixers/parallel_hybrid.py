@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import HybridConfig
-from .context import MixerContext
-from .layers import MLP, Attention
+from ...config import HybridConfig
+from ..context import MixerContext
+from ..layers import MLP, Attention
+from ..ops import causal_conv
 from .mamba2 import Mamba2Mixer
-from .ops import causal_conv
 
 
 class GroupRMSNormThenGate(nn.Module):

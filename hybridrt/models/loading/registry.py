@@ -3,7 +3,7 @@
 A family is one module under `families/` that calls `register`: `discover()` imports every
 module there (no list to edit) and any distribution's `hybridrt.families` entry point, so a
 family outside this package registers the same way. No family imports another; what they
-share is in `models.translate`. Torch-free: translating a config needs no model code (a
+share is in `models.loading.translate`. Torch-free: translating a config needs no model code (a
 merge's combine imports torch when the loader calls it).
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import HybridConfig, register_family_params
-from ..errors import UnsupportedArchitectureError
+from ...config import HybridConfig, register_family_params
+from ...errors import UnsupportedArchitectureError
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def discover() -> None:
         return
     from importlib.metadata import entry_points
 
-    from . import families
+    from .. import families
 
     for info in pkgutil.iter_modules(families.__path__):
         if not info.name.startswith("_"):
