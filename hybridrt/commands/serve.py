@@ -58,6 +58,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="exported draft model of the same tokenizer: a request alone in the server decodes speculatively",
     )
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--log-file",
+        help="write the per-request JSON lines here (rotated at --log-file-mb, 5 old files kept); default: stderr",
+    )
+    p.add_argument("--log-file-mb", type=float, default=100.0, help="size at which --log-file rotates")
+    p.add_argument(
+        "--log-prompts", type=int, default=0, metavar="N", help="put each prompt's first N characters in its log line"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,7 +92,14 @@ def run(args: argparse.Namespace) -> int:
         args.cache_spacing,
     )
     template = None if args.chat_template is None else read_template(args.chat_template)
-    config = ServeConfig(name, args.api_key, args.max_body_kb * 1024, args.timeout, chat_template=template)
+    if args.log_prompts < 0:
+        raise GraphError(f"--log-prompts must be >= 0, got {args.log_prompts}")
+    config = ServeConfig(
+        name, args.api_key, args.max_body_kb * 1024, args.timeout, chat_template=template, log_prompts=args.log_prompts
+    )
+    from ..serve.request_log import configure
+
+    configure(args.log_file, int(args.log_file_mb * 2**20))
     draft = None if args.assistant is None else model_dir(args.assistant, isolated=True)
     for d in (directory, draft):
         if d is not None and not (d / TOKENIZER).is_file():  # the API speaks text

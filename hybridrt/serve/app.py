@@ -5,7 +5,8 @@ Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /he
 503 until the model is loaded), GET /metrics (Prometheus text), GET /openapi.json (no key; their
 description, openapi.py), GET / (no key: the chat page and its assets, page.py). Errors are OpenAI's
 {"error": {"message", "type", "param", "code"}} with a 4xx status for anything the client
-can fix; no stack trace reaches a client.
+can fix; no stack trace reaches a client. Every request gets an id (the client's X-Request-ID, or
+a new one) returned in that header, and one JSON log line when it ends (request_log.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .openapi import spec
 from .page import FILES as PAGE_FILES
 from .page import routes as page_routes
 from .protocol import CHAT_FIELDS, COMPLETION_FIELDS, ApiError, Params, check_fields, completion_params, parse_json
+from .request_log import HEADER, RequestRecord, request_id, write
 from .sse import EventStream, full_body
 
 ROUTES = ("/health", "/metrics", "/openapi.json", "/v1/models", "/v1/completions", "/v1/chat/completions")
@@ -115,6 +117,10 @@ class Server:
     async def _run(self, request: Request, p: Params, chat: bool) -> Response:
         model = self.model()
         job = Job(self.engine, p, model.tokenizer, self.config.request_timeout, self.config.stream_backlog)
+        record: RequestRecord = request.state.record
+        record.model, record.job = self.config.model_name, job
+        if self.config.log_prompts and model.tokenizer is not None:
+            record.prompt = model.tokenizer.decode(p.rows[0], skip_special_tokens=False)
         try:
             job.submit()
         except EngineBusy as e:
@@ -157,10 +163,14 @@ class Guard:
             return await self.app(scope, receive, send)
         path = scope["path"]
         status = [500]
+        record = RequestRecord(request_id(dict(scope["headers"]).get(b"x-request-id")), scope["method"], path)
+        scope.setdefault("state", {})["record"] = record  # the routes' request.state.record
+        tag = (HEADER.encode(), record.request_id.encode())
 
         async def counted(message: Any) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                message = message | {"headers": [*message.get("headers", []), tag]}
             await send(message)
 
         work = path.startswith("/v1/")
@@ -169,9 +179,11 @@ class Guard:
                 error = ApiError(
                     401, "missing or wrong API key: send Authorization: Bearer KEY", code="invalid_api_key"
                 )
+                record.error = error.message
                 await error_response(error)(scope, receive, counted)
             elif work and self.server.draining:
                 error = ApiError(503, "the server is shutting down", code="shutting_down")
+                record.error = error.message
                 await error_response(error)(scope, receive, counted)
             elif work:
                 self.server.open += 1
@@ -183,7 +195,14 @@ class Guard:
                 await self.app(scope, receive, counted)
         finally:
             route = path if path in ROUTES or path in PAGE_FILES else "other"
-            self.server.engine.metrics.requests.labels(route, str(status[0])).inc()
+            metrics = self.server.engine.metrics
+            metrics.requests.labels(route, str(status[0])).inc()
+            record.status = status[0]
+            fields = write(record, self.server.config.log_prompts)
+            if record.model is not None:
+                metrics.request_seconds.labels(record.model).observe(fields["total_s"])
+                if fields["queue_wait_s"] is not None:
+                    metrics.queue_wait.labels(record.model).observe(fields["queue_wait_s"])
 
     def _authorized(self, scope: Any) -> bool:
         got = dict(scope["headers"]).get(b"authorization", b"")
@@ -197,7 +216,14 @@ def error_response(e: ApiError) -> JSONResponse:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
+    _record_error(request, exc.message)
     return error_response(exc)
+
+
+def _record_error(request: Request, message: str) -> None:
+    record = getattr(request.state, "record", None)
+    if record is not None:
+        record.error = message
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -205,10 +231,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     error = ApiError(
         exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", headers=dict(exc.headers or {})
     )
+    _record_error(request, error.message)
     return error_response(error)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
+    _record_error(request, f"internal server error: {type(exc).__name__}: {exc}")  # the log's, not the client's
     return error_response(ApiError(500, "internal server error", code="internal_error"))
 
 

@@ -48,3 +48,5 @@ class ServeConfig:
     # before it ends with a `slow_client` error and frees its slot.
     stream_backlog: int = 256
     chat_template: str | None = None  # a Jinja chat template's source, over the model's own
+    # Per-request log lines (request_log.py): the prompt's first N characters in each (0: none).
+    log_prompts: int = 0

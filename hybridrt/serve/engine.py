@@ -220,6 +220,7 @@ class Engine:
             if req.cancelled:  # its job still waits for a last update
                 self._send(req, Update([], "cancelled", req.cached_tokens))
             else:
+                req.admitted = time.perf_counter()
                 self.prefilling.append(req)
                 admitted.append(req)
         self.metrics.queue_depth.set(len(self.waiting))
@@ -422,6 +423,7 @@ class Engine:
         reason = req.record(token)
         now = time.perf_counter()
         (self.metrics.inter_token if req.last else self.metrics.ttft).observe(now - (req.last or req.submitted))
+        req.first = req.first or now
         req.last = now
         self.metrics.generated_tokens.inc()
         update = Update([token], reason, req.cached_tokens, logprobs=None if entry is None else [entry])

@@ -91,6 +91,7 @@ class Job:
         self.queue: asyncio.Queue[tuple[int, Update]] = asyncio.Queue()
         self.backlog = None if backlog is None else backlog * params.n * len(params.rows)
         self.too_slow = False
+        self.cancelled = False  # cancel() was called (the client left, or it read too slowly)
         self.choices: list[Choice] = []
         self.n = params.n
         self.names = TokenText(tokenizer) if params.logprobs is not None else None
@@ -140,6 +141,7 @@ class Job:
             raise
 
     def cancel(self) -> None:
+        self.cancelled = True
         for c in self.choices:
             if c.finish_reason is None:
                 self.engine.cancel(c.request)

@@ -35,6 +35,20 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.request_seconds = Histogram(
+            "hybridrt_request_seconds",
+            "End to end, from the request's arrival to its last byte, by model",
+            ["model"],
+            buckets=LATENCY_BUCKETS + (60.0, 120.0, 300.0),
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "hybridrt_queue_wait_seconds",
+            "From submission until a state slot is free, by model",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.queue_depth = Gauge("hybridrt_queue_depth", "Requests waiting for a state slot", registry=r)
         self.busy_slots = Gauge("hybridrt_busy_slots", "State slots held by requests", registry=r)
         self.slots = Gauge("hybridrt_slots", "State slots in the pool", registry=r)

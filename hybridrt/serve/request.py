@@ -65,6 +65,8 @@ class Request:
     resume: Snapshot | None = None  # the prefix cache's states it starts from, until `rows` exists
     marks: list[int] | None = None  # where its prefill stores states (None: not looked up yet)
     scored: list[TokenLogprob] = field(default_factory=list)  # the prompt's entries so far
+    admitted: float = 0.0  # when it took a state slot (perf_counter; 0: still waiting)
+    first: float = 0.0  # when its first token was sent
     last: float = 0.0
     rng: np.random.Generator | None = None
     eos: tuple[int, ...] = ()
