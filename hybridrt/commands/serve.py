@@ -1,13 +1,18 @@
-"""`hybridrt serve MODEL [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--slots N] ...`.
+"""`hybridrt serve MODEL [MODEL ...] [--route SPEC] [--host 127.0.0.1] [--port 8000] [--api-key KEY] ...`.
 
-An OpenAI-compatible HTTP server (needs the `serve` extra). /health answers 503 while the
-model loads, then 200; SIGINT/SIGTERM stop it after open requests finish.
+An OpenAI-compatible HTTP server (needs the `serve` extra). Each MODEL is a directory (served
+under its directory's name) or NAME=DIR, each with its own engine, slots and prefix cache;
+`--route` adds served names that choose between them (serve/routes.py). /health answers 503
+while a model loads, then 200; SIGINT/SIGTERM stop it after open requests finish.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+from pathlib import Path
+from typing import Any
 
 from ..serve.config import EngineConfig, ServeConfig
 
@@ -17,7 +22,19 @@ SERVE = ServeConfig()
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (torch-free)")
-    p.add_argument("model", help="exported directory (holding hybridrt.json and model.onnx), or 'default'")
+    p.add_argument(
+        "model",
+        nargs="+",
+        help="exported directory (holding hybridrt.json and model.onnx), or 'default'; NAME=DIR serves it as NAME",
+    )
+    p.add_argument(
+        "--route",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="a routed name: NAME=length:SHORT,LONG,THRESHOLD (prompts under THRESHOLD tokens to SHORT) or "
+        "NAME=split:MODEL:WEIGHT,MODEL:WEIGHT (sticky per `user`)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
@@ -26,7 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="require Authorization: Bearer KEY on every route but /health and /openapi.json "
         "(default: $HYBRIDRT_API_KEY)",
     )
-    p.add_argument("--model-name", help="the model id clients send (default: 'default' or the directory's name)")
+    p.add_argument(
+        "--model-name", help="the model id clients send, with one MODEL (default: 'default' or the directory's name)"
+    )
     p.add_argument("--slots", type=int, default=ENGINE.slots, help="sequences decoded together (state slots)")
     p.add_argument("--chunk", type=int, default=ENGINE.chunk, help="prompt tokens prefilled per engine step")
     p.add_argument("--max-queue", type=int, default=ENGINE.max_queue, help="waiting requests before 429")
@@ -69,24 +88,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from ..default_model import DEFAULT_NAME
-    from ..errors import GraphError
+    from ..errors import GenerationError, GraphError
     from ..runtime import load, share_thread_pool
     from ..runtime.text import TOKENIZER
     from ..serve.chat import read_template
+    from ..serve.routes import check_routes, parse_route
     from ..serve.server import build, serve
     from .common import model_dir
 
-    # Exports the default model first if needed, in a child process: the server never holds torch.
-    directory = model_dir(args.model, isolated=True)
-    name = args.model_name or (DEFAULT_NAME if args.model == DEFAULT_NAME else Path(args.model).resolve().name)
+    if args.model_name is not None and len(args.model) > 1:
+        raise GenerationError("--model-name names the one MODEL; with several, write NAME=DIR")
+    served: dict[str, Path] = {}
+    for spec in args.model:
+        given, sep, path = spec.partition("=")
+        raw = path if sep and given else spec
+        # Exports the default model first if needed, in a child process: the server never holds torch.
+        directory = model_dir(raw, isolated=True)
+        name = given if sep and given else (DEFAULT_NAME if raw == DEFAULT_NAME else Path(raw).resolve().name)
+        if name in served:
+            raise GenerationError(f"two models are served as {name!r}: name them, NAME=DIR")
+        served[name] = directory
+    if args.model_name is not None:
+        served = {args.model_name: next(iter(served.values()))}
+    routes = [parse_route(spec) for spec in args.route]
+    check_routes(routes, list(served))
+    cache_bytes = None if args.cache_mb is None else int(args.cache_mb * 2**20)
+    if len(served) > 1:
+        cache_bytes = plan_memory(served, cache_bytes)
     engine = EngineConfig(
         args.slots,
         args.chunk,
         args.max_queue,
-        None if args.cache_mb is None else int(args.cache_mb * 2**20),
+        cache_bytes,
         args.cache_dir,
         None if args.cache_disk_mb is None else int(args.cache_disk_mb * 2**20),
         args.cache_spacing,
@@ -95,13 +129,20 @@ def run(args: argparse.Namespace) -> int:
     if args.log_prompts < 0:
         raise GraphError(f"--log-prompts must be >= 0, got {args.log_prompts}")
     config = ServeConfig(
-        name, args.api_key, args.max_body_kb * 1024, args.timeout, chat_template=template, log_prompts=args.log_prompts
+        next(iter(served)),
+        args.api_key,
+        args.max_body_kb * 1024,
+        args.timeout,
+        chat_template=template,
+        log_prompts=args.log_prompts,
     )
     from ..serve.request_log import configure
 
     configure(args.log_file, int(args.log_file_mb * 2**20))
     draft = None if args.assistant is None else model_dir(args.assistant, isolated=True)
-    for d in (directory, draft):
+    if draft is not None and len(served) > 1:
+        raise GenerationError("--assistant serves one model; serve several without it")
+    for d in (*served.values(), draft):
         if d is not None and not (d / TOKENIZER).is_file():  # the API speaks text
             raise GraphError(
                 f"{d} has no {TOKENIZER}, and the server answers in text: copy the checkpoint's "
@@ -109,11 +150,40 @@ def run(args: argparse.Namespace) -> int:
             )
     if draft is not None:  # two sessions taking turns: one thread pool for both
         share_thread_pool(args.threads or os.cpu_count() or 1, strict=False)
+    loaders: dict[str, Any] = {
+        name: functools.partial(load, d, args.provider, threads=args.threads) for name, d in served.items()
+    }
     _, app = build(
-        lambda: load(directory, args.provider, threads=args.threads),
+        loaders if len(loaders) > 1 else next(iter(loaders.values())),
         engine,
         config,
         None if draft is None else (lambda: load(draft, args.provider, threads=args.threads)),
+        routes,
     )
     serve(app, args.host, args.port, args.log_level)
     return 0
+
+
+def plan_memory(served: dict[str, Path], cache_bytes: int | None) -> int:
+    """Each model's prefix cache budget when several are served, after refusing, before any
+    loads, a set of models whose graphs do not fit in the memory available: the default budget
+    (a quarter of what is available once the graphs are loaded) is shared between them."""
+    from ..errors import GraphError
+    from ..graphs.manifest import read_manifest
+    from ..runtime.prefix_cache import available_memory
+
+    weights = {}
+    for name, directory in served.items():
+        graph = read_manifest(directory).graph_file
+        weights[name] = sum(p.stat().st_size for p in directory.iterdir() if p.name.startswith(graph))
+    free = available_memory()
+    total = sum(weights.values())
+    if total > free:
+        each = ", ".join(f"{n} {b / 2**20:.0f} MiB" for n, b in weights.items())
+        raise GraphError(
+            f"the {len(served)} models' graphs need {total / 2**20:.0f} MiB ({each}) and "
+            f"{free / 2**20:.0f} MiB of memory is available; serve fewer or smaller (quantized) models"
+        )
+    if cache_bytes is not None:
+        return cache_bytes
+    return (free - total) // 4 // len(served)

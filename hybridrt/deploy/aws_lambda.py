@@ -172,7 +172,7 @@ def _handle(event: Any) -> dict[str, Any]:
         return _json(200, {"status": "ok"})
     state = _model()
     if path == "/v1/models":
-        return _json(200, openai.model_list(state.name, state.created, state.model.max_length))
+        return _json(200, openai.model_list([(state.name, state.model.max_length)], state.created))
     if path == "/v1/completions":
         body = _body(event, COMPLETION_FIELDS, state.name)
         return _run(state, completion_params(state.model, body), chat=False)

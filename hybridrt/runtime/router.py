@@ -2,8 +2,9 @@
 
 A hybrid with few attention layers keeps its per-token cost flat as the context grows, while
 an attention-heavy model of the same quality may be faster on short prompts: `LengthRouter`
-sends prompts up to `threshold` tokens to `short` and longer ones to `long`, and keeps per-route
-counts and latencies. A batch goes whole to the route of its longest prompt.
+sends prompts shorter than `threshold` tokens to `short` and the others to `long` (the rule
+`length_route`, which `hybridrt serve`'s length routes apply too), and keeps per-route counts
+and latencies. A batch goes whole to the route of its longest prompt.
 
     router = LengthRouter(hybridrt.load("out/llama"), hybridrt.load("out/jamba"), threshold=1024)
     text = router.generate(prompt, max_new_tokens=64)
@@ -25,8 +26,13 @@ from .model import Model, Output, TextStream
 ROUTES = ("short", "long")
 
 
+def length_route(tokens: int, threshold: int) -> str:
+    """ "short" for a prompt of fewer than `threshold` tokens, else "long"."""
+    return "long" if tokens >= threshold else "short"
+
+
 class LengthRouter:
-    """Routes each call to `short` (longest prompt <= threshold tokens) or `long`."""
+    """Routes each call to `short` (longest prompt under `threshold` tokens) or `long`."""
 
     def __init__(self, short: Model, long: Model, threshold: int) -> None:
         if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
@@ -40,7 +46,7 @@ class LengthRouter:
     def route(self, prompt: Any) -> str:
         """The route a prompt (text, ids, or a batch of either) takes."""
         rows = self.models["short"].prompt_rows(prompt).rows
-        return "long" if max(len(r) for r in rows) > self.threshold else "short"
+        return length_route(max(len(r) for r in rows), self.threshold)
 
     def generate(self, prompt: Any, **kwargs: Any) -> Output:
         return self.generate_with_stats(prompt, **kwargs)[0]

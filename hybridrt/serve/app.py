@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import hmac
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -32,12 +32,13 @@ from .chat import ChatTemplate, chat_params
 from .config import ServeConfig
 from .engine import Engine, EngineBusy, EngineClosed
 from .jobs import Job
-from .metrics import CONTENT_TYPE
+from .metrics import CONTENT_TYPE, ServerMetrics, render
 from .openapi import spec
 from .page import FILES as PAGE_FILES
 from .page import routes as page_routes
 from .protocol import CHAT_FIELDS, COMPLETION_FIELDS, ApiError, Params, check_fields, completion_params, parse_json
 from .request_log import HEADER, RequestRecord, request_id, write
+from .routes import ROUTE_HEADER, USER_HEADER, LengthRoute, ServedRoute, check_routes
 from .sse import EventStream, full_body
 
 ROUTES = ("/health", "/metrics", "/openapi.json", "/v1/models", "/v1/completions", "/v1/chat/completions")
@@ -45,13 +46,25 @@ PUBLIC = ("/health", "/openapi.json", *PAGE_FILES)  # no API key
 
 
 class Server:
-    def __init__(self, engine: Engine, config: ServeConfig) -> None:
-        self.engine = engine
+    """The HTTP side of one or several served models (each its own engine, first = the default
+    one) and the routes between them (routes.py)."""
+
+    def __init__(self, engines: dict[str, Engine], config: ServeConfig, routes: Sequence[ServedRoute] = ()) -> None:
+        check_routes(routes, list(engines))
+        self.engines = engines
+        self.engine = next(iter(engines.values()))
+        self.routes = {r.name: r for r in routes}
         self.config = config
-        self.template: ChatTemplate | None = None
+        self.metrics = ServerMetrics()
+        self.templates: dict[str, ChatTemplate] = {}
         self.created = int(time.time())
         self.draining = False  # SIGTERM: work routes answer 503 while open requests finish
         self.open = 0  # requests on work routes (/v1/...) not yet answered in full
+
+    @property
+    def names(self) -> list[str]:
+        """Every name a request's `model` may take: the models, then the routes."""
+        return [*self.engines, *self.routes]
 
     async def drain(self, timeout: float, give_up: Callable[[], bool] = lambda: False) -> None:
         """Refuse new work (503) and wait, up to timeout seconds or until give_up(), for open
@@ -61,24 +74,28 @@ class Server:
         while self.open and time.monotonic() < deadline and not give_up():
             await asyncio.sleep(0.05)
 
-    def model(self) -> Model:
-        if self.engine.error is not None:
-            raise ApiError(503, f"the model failed to load: {self.engine.error}")
-        if not self.engine.ready.is_set() or self.engine.model is None:
-            raise ApiError(503, "the model is loading; retry shortly", headers={"Retry-After": "1"})
-        return self.engine.model
+    def model(self, name: str | None = None) -> Model:
+        engine = self.engines[name] if name is not None else self.engine
+        label = "the model" if len(self.engines) == 1 else f"the model {name or next(iter(self.engines))!r}"
+        if engine.error is not None:
+            raise ApiError(503, f"{label} failed to load: {engine.error}")
+        if not engine.ready.is_set() or engine.model is None:
+            raise ApiError(503, f"{label} is loading; retry shortly", headers={"Retry-After": "1"})
+        return engine.model
 
     async def health(self, request: Request) -> Response:
-        if self.engine.error is not None:
-            return JSONResponse({"status": "failed", "error": str(self.engine.error)}, 503)
-        if not self.engine.ready.is_set():
+        failed = {n: str(e.error) for n, e in self.engines.items() if e.error is not None}
+        if failed:
+            error = next(iter(failed.values())) if len(self.engines) == 1 else failed
+            return JSONResponse({"status": "failed", "error": error}, 503)
+        if not all(e.ready.is_set() for e in self.engines.values()):
             return JSONResponse({"status": "loading"}, 503)
-        if self.engine.closing or self.draining:
+        if any(e.closing for e in self.engines.values()) or self.draining:
             return JSONResponse({"status": "shutting down"}, 503)
         return JSONResponse({"status": "ok"})
 
-    async def metrics(self, request: Request) -> Response:
-        return Response(self.engine.metrics.render(), media_type=CONTENT_TYPE)
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(render(self.metrics, {n: e.metrics for n, e in self.engines.items()}), media_type=CONTENT_TYPE)
 
     async def openapi(self, request: Request) -> Response:
         model = self.engine.model if self.engine.ready.is_set() else None
@@ -86,19 +103,43 @@ class Server:
         return JSONResponse(spec(self.config.model_name, max_length, vocab, self.config.api_key is not None))
 
     async def models(self, request: Request) -> Response:
-        model = self.model()
-        return JSONResponse(openai.model_list(self.config.model_name, self.created, model.max_length))
+        lengths = {name: self.model(name).max_length for name in self.engines}
+        for route in self.routes.values():  # a route takes what every model it may choose takes
+            lengths[route.name] = min(lengths[m] for m in route.models)
+        return JSONResponse(openai.model_list(list(lengths.items()), self.created))
 
     async def completions(self, request: Request) -> Response:
         body = await self._body(request, COMPLETION_FIELDS)
-        return await self._run(request, completion_params(self.model(), body), chat=False)
+        name = self._choose(request, body, lambda m: completion_params(self.model(m), body))
+        return await self._run(request, name, completion_params(self.model(name), body), chat=False)
 
     async def chat(self, request: Request) -> Response:
         body = await self._body(request, CHAT_FIELDS)
-        model = self.model()
-        if self.template is None:
-            self.template = ChatTemplate.for_model(model.path, self.config.chat_template)
-        return await self._run(request, chat_params(model, self.template, body), chat=True)
+
+        def params(name: str) -> Params:
+            model = self.model(name)
+            if name not in self.templates:
+                self.templates[name] = ChatTemplate.for_model(model.path, self.config.chat_template)
+            return chat_params(model, self.templates[name], body)
+
+        name = self._choose(request, body, params)
+        return await self._run(request, name, params(name), chat=True)
+
+    def _choose(self, request: Request, body: dict[str, Any], params: Callable[[str], Params]) -> str:
+        """The served model of the body's `model`: itself, or a route's choice (recorded)."""
+        wanted = str(body["model"])
+        route = self.routes.get(wanted)
+        if route is None:
+            return wanted  # check_fields refused a name that is served by neither
+        if isinstance(route, LengthRoute):
+            tokens = max(len(r) for r in params(route.short).rows)
+            chosen = route.choose(tokens)
+        else:
+            user = body.get("user") or request.headers.get(USER_HEADER)
+            chosen = route.choose(user)
+        record: RequestRecord = request.state.record
+        record.route, record.variant = route.name, chosen
+        return chosen
 
     async def _body(self, request: Request, known: set[str]) -> dict[str, Any]:
         limit = self.config.max_body_bytes
@@ -111,14 +152,14 @@ class Server:
             if len(raw) > limit:
                 raise ApiError(413, f"the request body exceeds {limit} bytes")
         body = parse_json(bytes(raw))
-        check_fields(body, known, self.config.model_name)
+        check_fields(body, known, self.names)
         return body
 
-    async def _run(self, request: Request, p: Params, chat: bool) -> Response:
-        model = self.model()
-        job = Job(self.engine, p, model.tokenizer, self.config.request_timeout, self.config.stream_backlog)
+    async def _run(self, request: Request, name: str, p: Params, chat: bool) -> Response:
+        model, engine = self.model(name), self.engines[name]
+        job = Job(engine, p, model.tokenizer, self.config.request_timeout, self.config.stream_backlog)
         record: RequestRecord = request.state.record
-        record.model, record.job = self.config.model_name, job
+        record.model, record.job = name, job
         if self.config.log_prompts and model.tokenizer is not None:
             record.prompt = model.tokenizer.decode(p.rows[0], skip_special_tokens=False)
         try:
@@ -129,7 +170,7 @@ class Server:
             raise ApiError(503, str(e)) from None
         except GenerationError as e:
             raise ApiError(400, str(e)) from None
-        meta = openai.meta(chat, self.config.model_name)
+        meta = openai.meta(chat, name)
         if p.stream:
             return EventStream(job, meta, chat, p.include_usage, p.continuous_usage)
         watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
@@ -170,7 +211,10 @@ class Guard:
         async def counted(message: Any) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-                message = message | {"headers": [*message.get("headers", []), tag]}
+                tags = [tag]
+                if record.route is not None:  # a routed name: which model it chose
+                    tags.append((ROUTE_HEADER.encode(), f"{record.route}={record.variant}".encode()))
+                message = message | {"headers": [*message.get("headers", []), *tags]}
             await send(message)
 
         work = path.startswith("/v1/")
@@ -195,7 +239,7 @@ class Guard:
                 await self.app(scope, receive, counted)
         finally:
             route = path if path in ROUTES or path in PAGE_FILES else "other"
-            metrics = self.server.engine.metrics
+            metrics = self.server.metrics
             metrics.requests.labels(route, str(status[0])).inc()
             record.status = status[0]
             fields = write(record, self.server.config.log_prompts)
@@ -203,6 +247,11 @@ class Guard:
                 metrics.request_seconds.labels(record.model).observe(fields["total_s"])
                 if fields["queue_wait_s"] is not None:
                     metrics.queue_wait.labels(record.model).observe(fields["queue_wait_s"])
+            if record.route is not None:
+                chosen = (record.route, str(record.variant))
+                metrics.routed.labels(*chosen).inc()
+                metrics.routed_tokens.labels(*chosen).inc(fields["completion_tokens"])
+                metrics.routed_seconds.labels(*chosen).observe(fields["total_s"])
 
     def _authorized(self, scope: Any) -> bool:
         got = dict(scope["headers"]).get(b"authorization", b"")
@@ -240,12 +289,17 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return error_response(ApiError(500, "internal server error", code="internal_error"))
 
 
-def create_app(engine: Engine, config: ServeConfig | None = None) -> Starlette:
-    """The ASGI app over a started engine (which may still be loading its model)."""
-    server = Server(engine, config or ServeConfig())
-    routes = [
+def create_app(
+    engine: Engine | dict[str, Engine], config: ServeConfig | None = None, routes: Sequence[ServedRoute] = ()
+) -> Starlette:
+    """The ASGI app over a started engine (which may still be loading its model), or over
+    several ({served name: engine}, the first the default) with `routes` between them."""
+    config = config or ServeConfig()
+    engines = engine if isinstance(engine, dict) else {config.model_name: engine}
+    server = Server(engines, config, routes)
+    paths = [
         Route("/health", server.health, methods=["GET"]),
-        Route("/metrics", server.metrics, methods=["GET"]),
+        Route("/metrics", server.metrics_text, methods=["GET"]),
         Route("/openapi.json", server.openapi, methods=["GET"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
@@ -258,9 +312,11 @@ def create_app(engine: Engine, config: ServeConfig | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         # After the server's graceful shutdown has let open requests finish.
-        await anyio.to_thread.run_sync(engine.stop)
+        for each in engines.values():
+            await anyio.to_thread.run_sync(each.stop)
 
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)  # type: ignore[arg-type]
+    app = Starlette(routes=paths, exception_handlers=handlers, lifespan=lifespan)  # type: ignore[arg-type]
     app.add_middleware(Guard, server=server)  # type: ignore[arg-type]
+    app.state.engines = engines  # {served name: engine}
     app.state.drain = server.drain  # awaited by the uvicorn runner (server.py) on SIGTERM/SIGINT
     return app

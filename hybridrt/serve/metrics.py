@@ -1,10 +1,15 @@
-"""Prometheus metrics of one server, in a registry of its own (several servers can share a process)."""
+"""Prometheus metrics, each set in a registry of its own (several servers can share a process):
+`Metrics` of one engine (one served model), `ServerMetrics` of the HTTP layer (requests by route
+and status, latencies per model, requests, tokens and latency per route and variant). `render`
+writes them all; with several models, each engine's series carry a `model` label."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from ..runtime.prefix_cache import StateCache
@@ -13,27 +18,13 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class Metrics:
+class ServerMetrics:
     def __init__(self) -> None:
-        disable_created_metrics()  # no *_created series next to each counter (process-wide switch)
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
             "hybridrt_requests", "HTTP requests by route and status", ["route", "status"], registry=r
-        )
-        self.prompt_tokens = Counter("hybridrt_prompt_tokens", "Prompt tokens of finished requests", registry=r)
-        self.generated_tokens = Counter("hybridrt_generated_tokens", "Tokens generated", registry=r)
-        self.ttft = Histogram(
-            "hybridrt_time_to_first_token_seconds",
-            "From submission to the first token",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.inter_token = Histogram(
-            "hybridrt_inter_token_seconds",
-            "Between consecutive tokens of a request",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
         self.request_seconds = Histogram(
             "hybridrt_request_seconds",
@@ -46,6 +37,73 @@ class Metrics:
             "hybridrt_queue_wait_seconds",
             "From submission until a state slot is free, by model",
             ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.routed = Counter(
+            "hybridrt_route_requests",
+            "Requests to a routed name, by route and variant",
+            ["route", "variant"],
+            registry=r,
+        )
+        self.routed_tokens = Counter(
+            "hybridrt_route_completion_tokens",
+            "Tokens generated for a route's requests",
+            ["route", "variant"],
+            registry=r,
+        )
+        self.routed_seconds = Histogram(
+            "hybridrt_route_request_seconds",
+            "End to end, by route and variant",
+            ["route", "variant"],
+            buckets=LATENCY_BUCKETS + (60.0, 120.0, 300.0),
+            registry=r,
+        )
+
+
+class _Labelled(Collector):
+    """The engines' series as one set of families, each sample labelled with its model."""
+
+    def __init__(self, engines: dict[str, Metrics]) -> None:
+        self.engines = engines
+
+    def collect(self) -> list[Metric]:
+        families: dict[str, Metric] = {}
+        for model, metrics in self.engines.items():
+            for family in metrics.registry.collect():
+                merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+                for sample in family.samples:
+                    merged.samples.append(sample._replace(labels={**sample.labels, "model": model}))
+        return list(families.values())
+
+
+def render(server: ServerMetrics, engines: dict[str, Metrics]) -> bytes:
+    """The Prometheus text of the HTTP layer and every engine (one engine: its series unlabelled)."""
+    for metrics in engines.values():
+        metrics.observe_cache(metrics.cache)
+    if len(engines) == 1:
+        return generate_latest(server.registry) + generate_latest(next(iter(engines.values())).registry)
+    merged = CollectorRegistry()
+    merged.register(_Labelled(engines))
+    return generate_latest(server.registry) + generate_latest(merged)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        disable_created_metrics()  # no *_created series next to each counter (process-wide switch)
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.prompt_tokens = Counter("hybridrt_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generated_tokens = Counter("hybridrt_generated_tokens", "Tokens generated", registry=r)
+        self.ttft = Histogram(
+            "hybridrt_time_to_first_token_seconds",
+            "From submission to the first token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "hybridrt_inter_token_seconds",
+            "Between consecutive tokens of a request",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )

@@ -52,10 +52,13 @@ def meta(chat: bool, model_name: str) -> dict[str, Any]:
     }
 
 
-def model_list(name: str, created: int, max_model_len: int) -> dict[str, Any]:
-    """GET /v1/models: the one model served."""
-    card = {"id": name, "object": "model", "created": created, "owned_by": "hybridrt", "max_model_len": max_model_len}
-    return {"object": "list", "data": [card]}
+def model_list(served: list[tuple[str, int]], created: int) -> dict[str, Any]:
+    """GET /v1/models: every served name (models, then routes) with its max_model_len."""
+    cards = [
+        {"id": name, "object": "model", "created": created, "owned_by": "hybridrt", "max_model_len": length}
+        for name, length in served
+    ]
+    return {"object": "list", "data": cards}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:

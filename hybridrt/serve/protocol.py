@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -136,7 +137,10 @@ def _no_constant(name: str) -> Any:
 
 
 def check_fields(
-    body: dict[str, Any], known: set[str], model_name: str, unsupported: dict[str, tuple[Any, ...]] = UNSUPPORTED
+    body: dict[str, Any],
+    known: set[str],
+    served: str | Sequence[str],
+    unsupported: dict[str, tuple[Any, ...]] = UNSUPPORTED,
 ) -> None:
     unknown = sorted(set(body) - known)
     if unknown:
@@ -144,12 +148,11 @@ def check_fields(
     model = body.get("model")
     if not isinstance(model, str):
         raise ApiError(400, "model is required: a string naming the model (GET /v1/models lists it)", "model")
-    if model != model_name:
+    names = [served] if isinstance(served, str) else list(served)
+    if model not in names:
+        listed = repr(names[0]) if len(names) == 1 else ", ".join(map(repr, names))
         raise ApiError(
-            404,
-            f"the model {model[:100]!r} does not exist; this server serves {model_name!r}",
-            "model",
-            "model_not_found",
+            404, f"the model {model[:100]!r} does not exist; this server serves {listed}", "model", "model_not_found"
         )
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise ApiError(400, f"user must be a string, got {_show(body['user'])}", "user")

@@ -13,28 +13,38 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import GenerationError
 from ..runtime.model import Model
 from .app import create_app
 from .config import EngineConfig, ServeConfig
 from .engine import Engine
+from .routes import ServedRoute, check_routes
 
 GRACEFUL_SHUTDOWN_S = 30
 
 
 def build(
-    model: Model | Callable[[], Model],
+    model: Model | Callable[[], Model] | dict[str, Model | Callable[[], Model]],
     engine: EngineConfig,
     config: ServeConfig,
     assistant: Model | Callable[[], Model] | None = None,
+    routes: Sequence[ServedRoute] = (),
 ) -> tuple[Engine, Any]:
     """A started engine (loading its model, and the assistant model if any, on its own
-    thread) and the app over it."""
-    eng = Engine(model, engine, assistant=assistant).start()
-    return eng, create_app(eng, config)
+    thread) and the app over it; or, for {served name: model}, an engine per model (the first
+    returned) and `routes` between them."""
+    if not isinstance(model, dict):
+        eng = Engine(model, engine, assistant=assistant).start()
+        return eng, create_app(eng, config, routes)
+    if assistant is not None and len(model) > 1:
+        raise GenerationError("an assistant (draft) model serves one model; serve several without --assistant")
+    check_routes(routes, list(model))
+    engines = {name: Engine(m, engine, assistant=assistant).start() for name, m in model.items()}
+    return next(iter(engines.values())), create_app(engines, config, routes)
 
 
 def _uvicorn(app: Any, host: str, port: int, log_level: str) -> Any:
