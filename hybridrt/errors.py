@@ -38,3 +38,13 @@ class DeployError(HybridrtError):
 
 class GenerationError(HybridrtError, ValueError):
     """Invalid generation input: sampling parameters, prompt length, missing tokenizer."""
+
+
+class GenerationTimeout(GenerationError):
+    """A generate() or stream() call passed its `timeout`: it stopped after the step that
+    crossed the deadline. `stats` holds what it did (stats.tokens: the tokens so far); the
+    model, and a chat session's states, stay usable."""
+
+    def __init__(self, message: str, stats: object = None) -> None:
+        super().__init__(message)
+        self.stats = stats

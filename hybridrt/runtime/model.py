@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import GenerationError
+from ..errors import GenerationError, GenerationTimeout
 from ..graphs.generation import merge
 from ..graphs.manifest import Manifest
 from . import decode as dec
@@ -115,17 +116,29 @@ class Model:
         return sum(f.stat().st_size for f in files if f.is_file())
 
     def generate(
-        self, prompt: Any, assistant_model: Model | None = None, cache: StateCache | None = None, **kwargs: Any
+        self,
+        prompt: Any,
+        assistant_model: Model | None = None,
+        cache: StateCache | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
     ) -> Output:
         """Generate for one prompt or a batch (each row as if alone). With a prefix state
         `cache` (Model.state_cache), one prompt resumes from the deepest state stored for it
-        and leaves states there for later calls."""
-        return self.generate_with_stats(prompt, assistant_model, cache, **kwargs)[0]
+        and leaves states there for later calls. With `timeout` (seconds), the call stops after
+        the step that passes it and raises GenerationTimeout (its .stats: the tokens so far)."""
+        return self.generate_with_stats(prompt, assistant_model, cache, timeout, **kwargs)[0]
 
     def generate_with_stats(
-        self, prompt: Any, assistant_model: Model | None = None, cache: StateCache | None = None, **kwargs: Any
+        self,
+        prompt: Any,
+        assistant_model: Model | None = None,
+        cache: StateCache | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
     ) -> tuple[Output, dec.GenerationStats]:
         """As generate, with what the generation did: token counts and timings."""
+        deadline = _deadline(timeout)
         cfg = self.generation_config(**kwargs)
         prompts = self.prompt_rows(prompt, cfg)
         self.check_length(prompts.rows, cfg)
@@ -141,19 +154,21 @@ class Model:
             runs = []
             for row in prompts.rows:
                 runs.append(dec.GenerationStats())
-                for _ in self._speculative(draft, row, cfg, runs[-1]):
+                for _ in until(self._speculative(draft, row, cfg, runs[-1]), deadline, runs[-1]):
                     pass
             stats = dec.GenerationStats.combine(runs)
             return self._format(prompts, stats.tokens), stats
         stats = dec.GenerationStats()
         capacity = self._capacity_for(prompts.rows, cfg)
         if cfg.num_beams > 1:
+            if deadline is not None:
+                raise GenerationError("timeout does not stop beam search, which ends all beams at once: drop one")
             stepper = self.stepper(len(prompts.rows) * cfg.num_beams, capacity)
             eos = cfg.eos_ids(self.eos_token_ids)
             tokens = beam_search(stepper, prompts.rows, cfg, eos, stats)
             return self._format(prompts, tokens, cfg.num_return_sequences), stats
         stepper = self.stepper(len(prompts.rows), capacity)
-        for _ in self._steps(stepper, prompts.rows, cfg, stats, cache=cache):
+        for _ in until(self._steps(stepper, prompts.rows, cfg, stats, cache=cache), deadline, stats):
             pass
         return self._format(prompts, stats.tokens), stats
 
@@ -162,10 +177,13 @@ class Model:
         prompt: str | Sequence[int],
         assistant_model: Model | None = None,
         cache: StateCache | None = None,
+        timeout: float | None = None,
         **kwargs: Any,
     ) -> TextStream:
         """Text pieces of one prompt's continuation, as they are generated (see TextStream);
-        `cache` as generate's."""
+        `cache` and `timeout` as generate's (the timeout raised by the iteration). Closing the
+        stream stops the generation: nothing more is computed."""
+        deadline = _deadline(timeout)
         cfg = self.generation_config(**kwargs)
         if cfg.num_beams > 1:
             raise GenerationError(BEAMS_NEED_GENERATE)
@@ -182,7 +200,7 @@ class Model:
         else:
             stepper = self.stepper(1, self._capacity_for(prompts.rows, cfg))
             steps = self._steps(stepper, prompts.rows, cfg, stats, cache=cache)
-        return TextStream(self._pieces(steps, stats), stats)
+        return TextStream(self._pieces(until(steps, deadline, stats), stats), stats)
 
     def session(self, cache: StateCache | None = None) -> ChatSession:
         """A conversation whose states carry over from one generate() call to the next; with a
@@ -361,20 +379,25 @@ class ChatSession:
         return self.generate_with_stats(prompt, assistant_model, **kwargs)[0]
 
     def generate_with_stats(
-        self, prompt: Any, assistant_model: Model | None = None, **kwargs: Any
+        self, prompt: Any, assistant_model: Model | None = None, timeout: float | None = None, **kwargs: Any
     ) -> tuple[Output, dec.GenerationStats]:
+        deadline = _deadline(timeout)
         cfg, prompts = self._prepare(prompt, kwargs)
         stats = dec.GenerationStats()
-        for _ in self._steps(prompts, cfg, stats, assistant_model):
+        for _ in until(self._steps(prompts, cfg, stats, assistant_model), deadline, stats):
             pass
         return self.model._format(prompts, stats.tokens), stats
 
-    def stream(self, prompt: Any, assistant_model: Model | None = None, **kwargs: Any) -> TextStream:
+    def stream(
+        self, prompt: Any, assistant_model: Model | None = None, timeout: float | None = None, **kwargs: Any
+    ) -> TextStream:
         """As Model.stream, continuing the conversation."""
+        deadline = _deadline(timeout)
         cfg, prompts = self._prepare(prompt, kwargs)
         need_tokenizer(self.model.tokenizer)
         stats = dec.GenerationStats()
-        return TextStream(self.model._pieces(self._steps(prompts, cfg, stats, assistant_model), stats), stats)
+        steps = until(self._steps(prompts, cfg, stats, assistant_model), deadline, stats)
+        return TextStream(self.model._pieces(steps, stats), stats)
 
     def _prepare(self, prompt: Any, kwargs: dict[str, Any]) -> tuple[GenerationConfig, Prompts]:
         m = self.model
@@ -433,3 +456,30 @@ class ChatSession:
                 # Also when a stream is closed early: the states have seen a prefix of the history.
                 self.history = context + stats.tokens[0]
                 self.pending = self.history[int(stepper.lengths[0]) :]
+
+
+def _deadline(timeout: float | None) -> float | None:
+    """The monotonic time a call with `timeout` seconds must stop by (None: no limit)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise GenerationError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    return time.monotonic() + float(timeout)
+
+
+def until(steps: Iterator[Any], deadline: float | None, stats: dec.GenerationStats) -> Iterator[Any]:
+    """`steps` until `deadline`: after the step that passes it, the steps are closed (their
+    loop's cleanup runs: a session's states stay consistent) and GenerationTimeout is raised."""
+    if deadline is None:
+        yield from steps
+        return
+    close = getattr(steps, "close", lambda: None)  # a generator's: its loop's cleanup runs now
+    try:
+        for item in steps:
+            yield item
+            if time.monotonic() > deadline:
+                close()
+                n = sum(len(t) for t in stats.tokens)
+                raise GenerationTimeout(f"generation passed its timeout after {n} new tokens", stats)
+    finally:
+        close()
