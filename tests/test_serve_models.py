@@ -50,6 +50,9 @@ def _tokens(model: Model, text: str) -> list[int]:
 
 
 def test_each_model_answers_with_its_own_tokens(server: Running, models: dict[str, Model]) -> None:
+    # Each engine ran a warm-up step on its model before it said it was ready.
+    engines = server.server.config.app.state.engines
+    assert set(engines) == {"llama", "jamba"} and all(e.warmup_s and e.warmup_s > 0 for e in engines.values())
     prompt = [5, 6, 7, 8, 9]
     for name, model in models.items():
         r = _complete(server.url, name, prompt)

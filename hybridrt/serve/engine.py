@@ -96,6 +96,7 @@ class Engine:
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.cond = threading.Condition()
+        self.warmup_s: float | None = None  # the warm-up step before ready (seconds)
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
         self.running: list[Request] = []
@@ -141,6 +142,7 @@ class Engine:
             self._loaded(model)
             if self._load_assistant is not None:
                 self.assistant = check_draft(model, self._load_assistant())
+            self.warmup_s = self._warm(model, self.assistant)
         except BaseException as e:  # reported by /health and the CLI
             self.error = e
             log.error("loading the model failed: %s", e)
@@ -182,6 +184,20 @@ class Engine:
                 self._guard(self.running, self._decode)
         self.metrics.busy_slots.set(len(self.prefilling) + len(self.running))
         return True
+
+    @staticmethod
+    def _warm(model: Model, assistant: Model | None) -> float:
+        """One prefill and decode step on each model before the engine says it is ready, so
+        that no client's request pays for a session's first run (its allocations, its kernels'
+        first calls). Returns the seconds it took."""
+        t0 = time.perf_counter()
+        token = model.manifest.special_tokens.get("bos_token_id") or 0
+        for m in (model, assistant):
+            if m is not None:
+                m.generate([int(token)] * 4, max_new_tokens=2, eos_token_id=[], repetition_penalty=1.0)
+        seconds = time.perf_counter() - t0
+        log.info("warmed up in %.0f ms", seconds * 1000)
+        return seconds
 
     def _loaded(self, model: Model) -> None:
         """Take the loaded model: its vocabulary and its prefix state cache."""
