@@ -469,3 +469,39 @@ def test_package_wheel_installs(tmp_path: Path) -> None:
     base = [line.removeprefix("Requires-Dist: ") for line in requires if "extra ==" not in line]
     assert base == [r for r in importlib.metadata.requires("hybridrt") or [] if "extra ==" not in r]
     assert any(r.startswith("onnxruntime>=") for r in base) and not any(r.startswith("torch") for r in base)
+
+
+class _Context:
+    aws_request_id = "lambda-req-1"
+
+    def __init__(self, remaining_ms: int) -> None:
+        self.remaining_ms = remaining_ms
+
+    def get_remaining_time_in_millis(self) -> int:
+        return self.remaining_ms
+
+
+def test_each_invocation_logs_one_line_and_stops_before_its_deadline(
+    model: Model, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    logging.getLogger("hybridrt.requests").addHandler(caplog.handler)  # the handler's own goes to stderr
+    caplog.set_level(logging.INFO, logger="hybridrt.requests")
+    ev = event("POST", "/v1/completions", GOOD | {"max_tokens": 3})
+    ev["headers"]["x-request-id"] = "client-7"
+    out = aws_lambda.handler(ev, _Context(60_000))
+    assert out["statusCode"] == 200 and out["headers"]["x-request-id"] == "client-7"
+    bad = aws_lambda.handler(event("POST", "/v1/completions", GOOD | {"top_p": 9}), _Context(60_000))
+    assert bad["statusCode"] == 400 and bad["headers"]["x-request-id"] == "lambda-req-1"
+    # 1.001 s left: the margin leaves a millisecond, so the generation stops after its first step.
+    slow = aws_lambda.handler(event("POST", "/v1/completions", GOOD | {"max_tokens": 400}), _Context(1_001))
+    assert slow["statusCode"] == 504 and json.loads(slow["body"])["error"]["code"] == "timeout"
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "hybridrt.requests"]
+    assert [(x["request_id"], x["status"]) for x in lines] == [
+        ("client-7", 200),
+        ("lambda-req-1", 400),
+        ("lambda-req-1", 504),
+    ]
+    assert lines[0]["model"] == "tiny" and lines[0]["completion_tokens"] == 3
+    assert "top_p" in lines[1]["error"] and lines[2]["finish_reason"] == ["timeout"]

@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import GenerationError, GraphError
+from ..errors import GenerationError, GenerationTimeout, GraphError
 from ..serve import openai
 from ..serve.chat import chat_params, chat_template
 from ..serve.config import ServeConfig
@@ -65,6 +65,7 @@ from ..serve.protocol import (
     completion_params,
     parse_json,
 )
+from ..serve.request_log import HEADER, LOGGER, RequestRecord, configure, request_id, write
 from ..serve.tool_parse import CallParser
 from ..serve.tools import with_markers
 
@@ -140,19 +141,61 @@ def check_sizes(directory: Path, manifest: Any) -> None:
 
 
 def handler(event: Any, context: Any = None) -> dict[str, Any]:
-    """The Lambda entry point: a payload 2.0 event in, a payload 2.0 response out."""
+    """The Lambda entry point: a payload 2.0 event in, a payload 2.0 response out. Each
+    invocation writes the server's request line (request_log.py) to Lambda's log, and a
+    generation stops before the invocation's own deadline (`context`'s remaining time)."""
+    record = _record(event, context)
     try:
-        return _handle(event)
+        response = _handle(event, context, record)
     except ApiError as e:
-        return _json(e.status, e.body(), e.headers)
-    except Exception:  # no stack trace reaches the client; Lambda's log gets it
+        record.error = e.message
+        response = _json(e.status, e.body(), e.headers)
+    except Exception as e:  # no stack trace reaches the client; Lambda's log gets it
         import logging
 
         logging.getLogger("hybridrt.serve").exception("request failed")
-        return _json(500, ApiError(500, "internal server error", code="internal_error").body())
+        record.error = f"internal server error: {type(e).__name__}: {e}"
+        response = _json(500, ApiError(500, "internal server error", code="internal_error").body())
+    response["headers"] = dict(response.get("headers") or {}) | {HEADER: record.request_id}
+    record.status = int(response["statusCode"])
+    if not LOGGER.handlers:  # Lambda's log is its process's stderr; its root logger drops INFO
+        configure()
+    write(record, _log_prompts())
+    return response
 
 
-def _handle(event: Any) -> dict[str, Any]:
+def _record(event: Any, context: Any) -> RequestRecord:
+    """The invocation's log record: the client's X-Request-ID if usable, else Lambda's request id."""
+    headers = event.get("headers") if isinstance(event, dict) else None
+    given = None
+    if isinstance(headers, dict):
+        given = next((v for k, v in headers.items() if str(k).lower() == HEADER and isinstance(v, str)), None)
+    rid = request_id(given.encode("latin-1", "replace") if given else None)
+    if not given and getattr(context, "aws_request_id", None):
+        rid = request_id(str(context.aws_request_id).encode("latin-1", "replace"))
+    http = ((event.get("requestContext") or {}).get("http") or {}) if isinstance(event, dict) else {}
+    method = str(http.get("method", "")) if isinstance(http, dict) else ""
+    path = event.get("rawPath") if isinstance(event, dict) else None
+    return RequestRecord(rid, method.upper(), path if isinstance(path, str) else "")
+
+
+def _log_prompts() -> int:
+    raw = os.environ.get("HYBRIDRT_LOG_PROMPTS", "0")
+    return int(raw) if raw.isdigit() else 0
+
+
+# Seconds kept back from the invocation's remaining time, to answer before Lambda stops it.
+DEADLINE_MARGIN_S = 1.0
+
+
+def _timeout(context: Any) -> float | None:
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    if remaining is None:
+        return None
+    return max(0.001, remaining() / 1000 - DEADLINE_MARGIN_S)
+
+
+def _handle(event: Any, context: Any, record: RequestRecord) -> dict[str, Any]:
     method, path, headers = _request(event)
     want = ROUTES.get(path)
     if want is None:
@@ -173,13 +216,14 @@ def _handle(event: Any) -> dict[str, Any]:
     state = _model()
     if path == "/v1/models":
         return _json(200, openai.model_list([(state.name, state.model.max_length)], state.created))
+    record.model = state.name
     if path == "/v1/completions":
         body = _body(event, COMPLETION_FIELDS, state.name)
-        return _run(state, completion_params(state.model, body), chat=False)
+        return _run(state, completion_params(state.model, body), False, record, _timeout(context))
     body = _body(event, CHAT_FIELDS, state.name)
     if state.template is None:
         state.template = chat_template(state.model.path)
-    return _run(state, chat_params(state.model, state.template, body), chat=True)
+    return _run(state, chat_params(state.model, state.template, body), True, record, _timeout(context))
 
 
 def _request(event: Any) -> tuple[str, str, dict[str, str]]:
@@ -229,10 +273,13 @@ def _model() -> Loaded:
         raise ApiError(503, f"the model failed to load: {e}") from None
 
 
-def _run(state: Loaded, p: Params, chat: bool) -> dict[str, Any]:
+def _run(state: Loaded, p: Params, chat: bool, record: RequestRecord, timeout: float | None) -> dict[str, Any]:
     from ..runtime.text import decode
 
     model = state.model
+    if _log_prompts() and model.tokenizer is not None:
+        record.prompt = model.tokenizer.decode(p.rows[0], skip_special_tokens=False)
+    deadline = None if timeout is None else time.monotonic() + timeout
     finished: list[tuple[str, str, Any, list[Any] | None]] = []  # (text, finish reason, logprobs, call events)
     calls: list[list[dict[str, Any]] | None] = []
     completion = 0
@@ -242,7 +289,8 @@ def _run(state: Loaded, p: Params, chat: bool) -> dict[str, Any]:
     text_of = model.tokenizer if p.tools is None else with_markers(model.tokenizer)
     try:
         for i, ((row, cfg), grammar) in enumerate(zip(todo, grammars, strict=True)):
-            tokens, complete = ([], False) if p.score_only else _generate(model, row, cfg, grammar)
+            left = None if deadline is None else max(0.001, deadline - time.monotonic())
+            tokens, complete = ([], False) if p.score_only else _generate(model, row, cfg, grammar, left)
             text = decode(text_of, tokens) if model.tokenizer is not None else ""
             text, reason = openai.finish(text, tokens, cfg.stops, cfg.eos_ids(model.eos_token_ids))
             reason = openai.STOP if complete else reason
@@ -256,9 +304,17 @@ def _run(state: Loaded, p: Params, chat: bool) -> dict[str, Any]:
             calls.append(made)
             finished.append((echo + text, reason, lp, events))
             completion += len(tokens)
+    except GenerationTimeout:
+        record.counts = {"finish_reason": [r for _, r, _, _ in finished] + ["timeout"]}
+        raise openai.failure("timeout", None) from None
     except GenerationError as e:
         raise ApiError(400, str(e)) from None
     usage = openai.usage(sum(len(r) for r in p.rows), completion)
+    record.counts = {
+        "prompt_tokens": usage["prompt_tokens"],
+        "completion_tokens": completion,
+        "finish_reason": [r for _, r, _, _ in finished],
+    }
     meta = openai.meta(chat, state.name)
     if p.stream:
         body = openai.event_stream(meta, chat, finished, usage if p.include_usage else None)
@@ -271,7 +327,9 @@ def _run(state: Loaded, p: Params, chat: bool) -> dict[str, Any]:
     return _json(200, openai.completion(meta, chat, choices, usage))
 
 
-def _generate(model: Any, row: list[int], cfg: Any, grammar: Matcher | None) -> tuple[list[int], bool]:
+def _generate(
+    model: Any, row: list[int], cfg: Any, grammar: Matcher | None, timeout: float | None = None
+) -> tuple[list[int], bool]:
     """(a choice's new tokens, whether a grammar row stopped: its grammar complete, EOS or a
     stop string; False without a grammar, whose finish reason openai.finish tells). Under a
     grammar, the tokens are sampled as the serve engine samples a constrained row
@@ -279,7 +337,7 @@ def _generate(model: Any, row: list[int], cfg: Any, grammar: Matcher | None) -> 
     decode step at a time."""
     if grammar is None:
         kwargs = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-        return model.generate_with_stats(row, **kwargs)[1].tokens[0], False
+        return model.generate_with_stats(row, timeout=timeout, **kwargs)[1].tokens[0], False
     import numpy as np
 
     from ..runtime.decode import feed
@@ -289,7 +347,10 @@ def _generate(model: Any, row: list[int], cfg: Any, grammar: Matcher | None) -> 
     req.start(model.eos_token_ids, model.tokenizer, int(model.manifest.vocab_size))
     states = model.stepper(1, len(row) + cfg.max_new_tokens)
     logits = feed(states, np.asarray([row], dtype=np.int64))
+    deadline = None if timeout is None else time.monotonic() + timeout
     while (reason := req.record(req.choose(logits)[0])) is None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise GenerationTimeout(f"generation passed its timeout after {len(req.tokens)} new tokens")
         logits = states.forward(np.asarray([req.tokens[-1:]], dtype=np.int64))
     return req.tokens, reason == "stop"  # the grammar complete, EOS or a stop string
 

@@ -58,6 +58,7 @@ class RequestRecord:
     prompt: str | None = None
     error: str | None = None
     job: Any = None  # the request's serve.jobs.Job, read when the line is written
+    counts: dict[str, Any] = field(default_factory=dict)  # tokens and finish reasons, where there is no job
 
     def fields(self, log_prompts: int = 0) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -78,6 +79,7 @@ class RequestRecord:
             "finish_reason": None,
             "error": self.error,
         }
+        out |= self.counts
         if self.job is not None:
             out |= job_fields(self.job)
             out["error"] = self.error or next((c.error for c in self.job.choices if c.error), None)
