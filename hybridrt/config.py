@@ -8,8 +8,8 @@ the runtime's buffer allocation and the tests.
 Parameters that one layer kind or one family alone reads are not fields here: a kind declares
 them as a frozen dataclass (`LayerKind.params`), a family likewise (`Family.params`), and the
 config carries them in `kind_params` (kind name -> its dataclass) and `family_params`. They
-read as attributes all the same (`cfg.gdn_k_heads`), so a kind or family registered from
-outside the package adds parameters without an edit here. Serialized (`to_dict`), they sit
+are read through the typed accessor `cfg.params(GatedDeltaParams).gdn_k_heads`, so a kind or
+family registered from outside the package adds parameters without an edit here. Serialized (`to_dict`), they sit
 under "kind_params" and "family_params"; `from_dict` also reads the flat layout of older
 manifests, and refuses a key it cannot place rather than drop it.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from .kinds import FFN_KINDS, LAYER_KINDS
 
@@ -27,6 +27,7 @@ MIXER_KINDS = LAYER_KINDS  # the table in kinds.py; names here for older imports
 ROPE_TYPES = ("default", "linear", "llama3")
 # model_type -> the frozen dataclass of that family's own parameters (registry.register fills it)
 FAMILY_PARAMS: dict[str, type] = {}
+P = TypeVar("P")
 _TUPLES = ("layer_types", "ffn_types", "eos_token_id", "ssm_multipliers", "mlp_multipliers")
 
 
@@ -155,20 +156,13 @@ class HybridConfig:
         object.__setattr__(self, "kind_params", _kind_params(self.layer_types, self.kind_params))
         object.__setattr__(self, "family_params", _family_params(self.model_type, self.family_params))
 
-    def __getattr__(self, name: str) -> Any:
-        """A kind's or the family's parameter (or one of their properties) by name; a kind
-        that no layer uses answers with its defaults."""
-        if name.startswith("__") or "kind_params" not in self.__dict__:
-            raise AttributeError(name)
-        family = self.__dict__["family_params"]
-        groups = [*self.__dict__["kind_params"].values(), *([] if family is None else [family])]
-        groups += [cls() for kind, cls in kind_params_classes().items() if kind not in self.__dict__["kind_params"]]
-        for group in groups:
-            if isinstance(group, Mapping) and name in group:
-                return group[name]
-            if not isinstance(group, Mapping) and hasattr(group, name):
-                return getattr(group, name)
-        raise AttributeError(f"{type(self).__name__} has no field or kind/family parameter {name!r}")
+    def params(self, cls: type[P]) -> P:
+        """The parameters of the kind or family whose dataclass is `cls` (kinds.LayerKind.params,
+        Family.params): this config's, or the defaults when no layer is of that kind."""
+        for group in (*self.kind_params.values(), self.family_params):
+            if isinstance(group, cls):
+                return group
+        return cls()
 
     @property
     def num_layers(self) -> int:

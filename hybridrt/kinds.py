@@ -111,6 +111,10 @@ def register_ffn(name: str, module: str | None) -> None:
     FFN_KINDS[name] = module
 
 
+def _gdn(cfg: Any) -> GatedDeltaParams:
+    return cfg.params(GatedDeltaParams)  # type: ignore[no-any-return]
+
+
 register_kind(
     LayerKind(
         "attention",
@@ -147,7 +151,7 @@ register_kind(
     LayerKind(
         "conv",
         "hybridrt.models.mixers.shortconv:ShortConv",
-        (StateDecl("conv", lambda c: (c.hidden_size, c.conv_kernel - 1)),),
+        (StateDecl("conv", lambda c: (c.hidden_size, c.params(ShortConvParams).conv_kernel - 1)),),
         "LFM2's gated short causal conv",
         params=ShortConvParams,
     )
@@ -167,9 +171,9 @@ register_kind(
         "gated_delta",
         "hybridrt.models.mixers.gated_delta:GatedDeltaNet",
         (
-            StateDecl("conv", lambda c: (c.gdn_conv_dim, c.gdn_conv_kernel - 1)),
+            StateDecl("conv", lambda c: (_gdn(c).gdn_conv_dim, _gdn(c).gdn_conv_kernel - 1)),
             # [H_v, K, V]: transformers' and onnxruntime LinearAttention's layout
-            StateDecl("ssm", lambda c: (c.gdn_v_heads, c.gdn_k_head_dim, c.gdn_v_head_dim)),
+            StateDecl("ssm", lambda c: (_gdn(c).gdn_v_heads, _gdn(c).gdn_k_head_dim, _gdn(c).gdn_v_head_dim)),
         ),
         "Gated DeltaNet (Qwen3-Next, Qwen3.5): delta-rule linear attention with a scalar decay per "
         "head after a depthwise causal conv over q, k and v; gated RMSNorm",

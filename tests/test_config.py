@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from hybridrt.config import FAMILY_PARAMS, HybridConfig, kind_params_classes
-from hybridrt.kinds import LAYER_KINDS, GatedDeltaParams, LayerKind, StateDecl, register_kind
+from hybridrt.kinds import LAYER_KINDS, GatedDeltaParams, LayerKind, ShortConvParams, StateDecl, register_kind
 from hybridrt.models.loading.registry import FAMILIES, Family, register
 
 BASE = dict(model_type="t", vocab_size=64, hidden_size=16, num_attention_heads=2, num_key_value_heads=2)
@@ -30,11 +30,14 @@ def _gdn(**params: object) -> HybridConfig:
     )
 
 
-def test_kind_parameters_read_as_attributes_and_nest_in_the_dict() -> None:
+def test_kind_parameters_read_through_their_class_and_nest_in_the_dict() -> None:
     cfg = _gdn(gdn_beta_scale=2.0)
     assert cfg.kind_params["gated_delta"] == GatedDeltaParams(2, 4, 8, 4, gdn_beta_scale=2.0)
-    assert (cfg.gdn_k_heads, cfg.gdn_beta_scale, cfg.gdn_conv_dim) == (2, 2.0, 2 * 2 * 8 + 4 * 4)
-    assert cfg.conv_kernel == 3  # a kind no layer uses answers with its defaults
+    gdn = cfg.params(GatedDeltaParams)
+    assert (gdn.gdn_k_heads, gdn.gdn_beta_scale, gdn.gdn_conv_dim) == (2, 2.0, 2 * 2 * 8 + 4 * 4)
+    assert cfg.params(ShortConvParams).conv_kernel == 3  # a kind no layer uses answers with its defaults
+    with pytest.raises(AttributeError):
+        cfg.gdn_k_heads  # type: ignore[attr-defined]  # noqa: B018 (no attribute lookup hides a kind's parameter)
     data = cfg.to_dict()
     assert "gdn_k_heads" not in data and data["kind_params"]["gated_delta"]["gdn_v_heads"] == 4
     assert HybridConfig.from_dict(json.loads(json.dumps(data))) == cfg
@@ -88,7 +91,13 @@ class ToyFamilyParams:
 @pytest.fixture
 def toy_params() -> Iterator[None]:
     register_kind(
-        LayerKind("toy", "toy_kind:EmaMixer", (StateDecl("s", lambda c: (c.toy_width,)),), "toy", params=ToyKindParams)
+        LayerKind(
+            "toy",
+            "toy_kind:EmaMixer",
+            (StateDecl("s", lambda c: (c.params(ToyKindParams).toy_width,)),),
+            "toy",
+            params=ToyKindParams,
+        )
     )
     register(Family("toy_family", lambda hf: HybridConfig.make(**hf), params=ToyFamilyParams))
     try:
@@ -107,7 +116,8 @@ def test_a_kind_and_a_family_from_outside_own_their_parameters(toy_params: None)
         | {"model_type": "toy_family", "layer_types": ("toy",), "ffn_types": ("none",)}
         | {"toy_width": 6, "toy_scale": 0.5, "toy_tags": ("a",)}
     )
-    assert (cfg.toy_width, cfg.toy_scale, cfg.toy_tags) == (6, 0.5, ("a",))
+    family = cfg.params(ToyFamilyParams)
+    assert (cfg.params(ToyKindParams).toy_width, family.toy_scale, family.toy_tags) == (6, 0.5, ("a",))
     assert cfg.family_params == ToyFamilyParams(0.5, ("a",))
     assert GraphContract.of(cfg).pasts[0].dims == ("batch", 6)
     data = json.loads(json.dumps(cfg.to_dict()))
@@ -115,6 +125,6 @@ def test_a_kind_and_a_family_from_outside_own_their_parameters(toy_params: None)
     assert HybridConfig.from_dict(data) == cfg
     FAMILY_PARAMS.pop("toy_family")  # a manifest read where the family is not installed
     kept = HybridConfig.from_dict(data)
-    assert kept.family_params == {"toy_scale": 0.5, "toy_tags": ["a"]} and kept.toy_scale == 0.5
+    assert kept.family_params == {"toy_scale": 0.5, "toy_tags": ["a"]}  # kept as it was read
     assert kept.to_dict()["family_params"] == data["family_params"]
     FAMILY_PARAMS["toy_family"] = ToyFamilyParams

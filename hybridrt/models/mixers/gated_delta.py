@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...config import HybridConfig
+from ...kinds import GatedDeltaParams
 from ..context import MixerContext
 from ..ops import UsesFusedOps, causal_conv, gated_delta
 
@@ -52,13 +53,13 @@ class GatedDeltaNet(UsesFusedOps, nn.Module):
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()
-        d = cfg.hidden_size
-        self.Hk, self.H, self.K, self.V = cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_k_head_dim, cfg.gdn_v_head_dim
+        d, p = cfg.hidden_size, cfg.params(GatedDeltaParams)
+        self.Hk, self.H, self.K, self.V = p.gdn_k_heads, p.gdn_v_heads, p.gdn_k_head_dim, p.gdn_v_head_dim
         self.rep = self.H // self.Hk
         self.key_dim, self.value_dim = self.Hk * self.K, self.H * self.V
-        self.conv_dim = cfg.gdn_conv_dim
+        self.conv_dim = p.gdn_conv_dim
         self.chunk, self.max_len = cfg.scan_chunk, cfg.max_position_embeddings
-        self.split = cfg.gdn_split_proj
+        self.split = p.gdn_split_proj
         if self.split:
             self.in_proj_qkv = nn.Linear(d, self.conv_dim, bias=False)
             self.in_proj_z = nn.Linear(d, self.value_dim, bias=False)
@@ -67,12 +68,12 @@ class GatedDeltaNet(UsesFusedOps, nn.Module):
         else:
             self.in_proj_qkvz = nn.Linear(d, self.conv_dim + self.value_dim, bias=False)
             self.in_proj_ba = nn.Linear(d, 2 * self.H, bias=False)
-        k = cfg.gdn_conv_kernel
+        k = p.gdn_conv_kernel
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, k, groups=self.conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(self.H))
         self.A_log = nn.Parameter(torch.zeros(self.H))
-        self.norm = NormGated(self.V, cfg.gdn_norm_eps if cfg.gdn_norm_eps is not None else cfg.rms_norm_eps)
-        self.beta_scale = cfg.gdn_beta_scale
+        self.norm = NormGated(self.V, p.gdn_norm_eps if p.gdn_norm_eps is not None else cfg.rms_norm_eps)
+        self.beta_scale = p.gdn_beta_scale
         self.out_proj = nn.Linear(self.value_dim, d, bias=False)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ...config import HybridConfig
+from ...kinds import ShortConvParams
 from ..context import MixerContext
 from ..ops import UsesFusedOps, causal_conv
 
@@ -19,10 +20,10 @@ class ShortConv(UsesFusedOps, nn.Module):
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()
-        d = cfg.hidden_size
-        self.in_proj = nn.Linear(d, 3 * d, bias=cfg.conv_bias)
-        self.conv = nn.Conv1d(d, d, cfg.conv_kernel, groups=d, bias=cfg.conv_bias)
-        self.out_proj = nn.Linear(d, d, bias=cfg.conv_bias)
+        d, p = cfg.hidden_size, cfg.params(ShortConvParams)
+        self.in_proj = nn.Linear(d, 3 * d, bias=p.conv_bias)
+        self.conv = nn.Conv1d(d, d, p.conv_kernel, groups=d, bias=p.conv_bias)
+        self.out_proj = nn.Linear(d, d, bias=p.conv_bias)
 
     def forward(
         self, x: torch.Tensor, ctx: MixerContext, conv_state: torch.Tensor
