@@ -110,8 +110,8 @@ class Server:
 
     async def completions(self, request: Request) -> Response:
         body = await self._body(request, COMPLETION_FIELDS)
-        name = self._choose(request, body, lambda m: completion_params(self.model(m), body))
-        return await self._run(request, name, completion_params(self.model(name), body), chat=False)
+        name, p = self._choose(request, body, lambda m: completion_params(self.model(m), body))
+        return await self._run(request, name, p, chat=False)
 
     async def chat(self, request: Request) -> Response:
         body = await self._body(request, CHAT_FIELDS)
@@ -122,24 +122,26 @@ class Server:
                 self.templates[name] = ChatTemplate.for_model(model.path, self.config.chat_template)
             return chat_params(model, self.templates[name], body)
 
-        name = self._choose(request, body, params)
-        return await self._run(request, name, params(name), chat=True)
+        name, p = self._choose(request, body, params)
+        return await self._run(request, name, p, chat=True)
 
-    def _choose(self, request: Request, body: dict[str, Any], params: Callable[[str], Params]) -> str:
-        """The served model of the body's `model`: itself, or a route's choice (recorded)."""
+    def _choose(self, request: Request, body: dict[str, Any], params: Callable[[str], Params]) -> tuple[str, Params]:
+        """The served model of the body's `model` (itself, or a route's choice, recorded) and
+        the request's parameters on it; a prompt is tokenized once unless a length route
+        counted it with another model's tokenizer."""
         wanted = str(body["model"])
         route = self.routes.get(wanted)
         if route is None:
-            return wanted  # check_fields refused a name that is served by neither
-        if isinstance(route, LengthRoute):
-            tokens = max(len(r) for r in params(route.short).rows)
-            chosen = route.choose(tokens)
-        else:
-            user = body.get("user") or request.headers.get(USER_HEADER)
-            chosen = route.choose(user)
+            return wanted, params(wanted)  # check_fields refused a name that is served by neither
         record: RequestRecord = request.state.record
+        if isinstance(route, LengthRoute):
+            counted = params(route.short)
+            chosen = route.choose(max(len(r) for r in counted.rows))
+            record.route, record.variant = route.name, chosen
+            return chosen, counted if chosen == route.short else params(chosen)
+        chosen = route.choose(body.get("user") or request.headers.get(USER_HEADER))
         record.route, record.variant = route.name, chosen
-        return chosen
+        return chosen, params(chosen)
 
     async def _body(self, request: Request, known: set[str]) -> dict[str, Any]:
         limit = self.config.max_body_bytes

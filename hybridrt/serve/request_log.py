@@ -24,6 +24,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 LOGGER = logging.getLogger("hybridrt.requests")
@@ -124,6 +125,7 @@ def configure(log_file: str | None = None, max_bytes: int = 100 << 20, backups: 
     if log_file is None:
         handler = logging.StreamHandler(sys.stderr)
     else:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
         handler = logging.handlers.RotatingFileHandler(
             log_file, maxBytes=max_bytes, backupCount=backups, encoding="utf-8"
         )
