@@ -171,11 +171,20 @@ def test_prompts(model: Any) -> None:
     cases.check(at_least=100)
 
 
-def test_batch_over_the_memory_limit_fails_before_any_work(model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HYBRIDRT_MAX_GENERATION_BYTES", str(2**20))
+def test_a_batch_over_the_memory_limit_runs_in_batches_that_fit(model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridrt.runtime.validate import row_bytes
+
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14], [15, 16, 17, 18]]
+    alone = [model.generate(p, max_new_tokens=6, eos_token_id=[]) for p in prompts]
+    beams = [model.generate(p, max_new_tokens=4, num_beams=2, eos_token_id=[]) for p in prompts[:3]]
+    one = row_bytes(model.manifest, 4 + 6)  # the longest row's states and logits
+    monkeypatch.setenv("HYBRIDRT_MAX_GENERATION_BYTES", str(2 * one + 1))  # two rows at a time
+    out, stats = model.generate_with_stats(prompts, max_new_tokens=6, eos_token_id=[])
+    assert out == alone and stats.prompt_tokens == sum(len(p) for p in prompts)
+    assert model.generate(prompts[:3], max_new_tokens=4, num_beams=2, eos_token_id=[]) == beams  # one row of 2 beams
+    monkeypatch.setenv("HYBRIDRT_MAX_GENERATION_BYTES", str(one - 1))  # not even one row: refused, before any work
     with pytest.raises(hybridrt.GenerationError, match="HYBRIDRT_MAX_GENERATION_BYTES"):
-        model.generate([[5] * 200] * 64, max_new_tokens=8)
-    assert model.generate([[5] * 4] * 2, max_new_tokens=2)  # a small batch still fits
+        model.generate(prompts, max_new_tokens=6)
     monkeypatch.setenv("HYBRIDRT_MAX_GENERATION_BYTES", "lots")
     with pytest.raises(hybridrt.GenerationError, match="positive integer"):
         model.generate([5], max_new_tokens=2)

@@ -22,7 +22,7 @@ from .speculative import Draft, check_draft, speculate
 from .state import PlainStepper, Stepper
 from .state_files import identity
 from .text import Prompts, StreamDecoder, as_prompts, decode, need_tokenizer, stop_check
-from .validate import check_eos_ids, check_memory
+from .validate import check_eos_ids, check_memory, rows_that_fit
 
 Output = str | list[str] | list[int] | list[list[int]] | list[list[str]] | list[list[list[int]]]
 BEAMS_NEED_GENERATE = "beam search needs the whole sequence before it answers; use generate()"
@@ -141,7 +141,9 @@ class Model:
         deadline = _deadline(timeout)
         cfg = self.generation_config(**kwargs)
         prompts = self.prompt_rows(prompt, cfg)
-        self.check_length(prompts.rows, cfg)
+        fit = rows_that_fit(self.manifest, max(len(r) for r in prompts.rows) + cfg.max_new_tokens) // cfg.num_beams
+        batches = assistant_model is None and cache is None and 1 <= fit < len(prompts.rows)
+        self.check_length(prompts.rows, cfg, memory=not batches)
         if cache is not None:  # one prompt, no beams, no draft: the plain loop below
             self._check_cache(cache, prompts, cfg, assistant_model)
         if assistant_model is not None:
@@ -158,11 +160,13 @@ class Model:
                     pass
             stats = dec.GenerationStats.combine(runs)
             return self._format(prompts, stats.tokens), stats
+        if cfg.num_beams > 1 and deadline is not None:
+            raise GenerationError("timeout does not stop beam search, which ends all beams at once: drop one")
+        if batches:  # more rows than the memory limit holds at once: in batches that fit, one after another
+            return self._in_batches(prompts, cfg, fit, deadline)
         stats = dec.GenerationStats()
         capacity = self._capacity_for(prompts.rows, cfg)
         if cfg.num_beams > 1:
-            if deadline is not None:
-                raise GenerationError("timeout does not stop beam search, which ends all beams at once: drop one")
             stepper = self.stepper(len(prompts.rows) * cfg.num_beams, capacity)
             eos = cfg.eos_ids(self.eos_token_ids)
             tokens = beam_search(stepper, prompts.rows, cfg, eos, stats)
@@ -171,6 +175,27 @@ class Model:
         for _ in until(self._steps(stepper, prompts.rows, cfg, stats, cache=cache), deadline, stats):
             pass
         return self._format(prompts, stats.tokens), stats
+
+    def _in_batches(
+        self, prompts: Prompts, cfg: GenerationConfig, fit: int, deadline: float | None
+    ) -> tuple[Output, dec.GenerationStats]:
+        """generate's rows `fit` at a time (each row is generated as if alone, so the tokens are
+        those of one batch); the stats of the batches combined, in row order."""
+        runs, tokens = [], []
+        for start in range(0, len(prompts.rows), fit):
+            part = prompts.rows[start : start + fit]
+            stats = dec.GenerationStats()
+            capacity = self._capacity_for(part, cfg)
+            if cfg.num_beams > 1:
+                stepper = self.stepper(len(part) * cfg.num_beams, capacity)
+                tokens += beam_search(stepper, part, cfg, cfg.eos_ids(self.eos_token_ids), stats)
+            else:
+                for _ in until(self._steps(self.stepper(len(part), capacity), part, cfg, stats), deadline, stats):
+                    pass
+                tokens += stats.tokens
+            runs.append(stats)
+        combined = dec.GenerationStats.combine(runs)
+        return self._format(prompts, tokens, cfg.num_return_sequences if cfg.num_beams > 1 else 1), combined
 
     def stream(
         self,
@@ -305,10 +330,12 @@ class Model:
         max_new_tokens (within the model's max length)."""
         return min(past + max(len(r) for r in rows) + cfg.max_new_tokens, self.max_length)
 
-    def check_length(self, rows: Sequence[Sequence[int]], cfg: GenerationConfig, past: int = 0) -> None:
+    def check_length(
+        self, rows: Sequence[Sequence[int]], cfg: GenerationConfig, past: int = 0, memory: bool = True
+    ) -> None:
         """GenerationError unless rows (after `past` tokens) and cfg.max_new_tokens fit the model:
-        its max length, its vocabulary (EOS ids) and the batch memory limit. Also for callers
-        that run their own decode loop (hybridrt.serve)."""
+        its max length, its vocabulary (EOS ids) and (with `memory`) the batch memory limit.
+        Also for callers that run their own decode loop (hybridrt.serve)."""
         longest = past + max(len(r) for r in rows)
         if longest + cfg.max_new_tokens > self.max_length:
             raise GenerationError(
@@ -316,7 +343,8 @@ class Model:
                 f"{self.max_length}; shorten the prompt or lower max_new_tokens"
             )
         check_eos_ids(cfg.eos_ids(()), self.manifest.vocab_size)
-        check_memory(self.manifest, len(rows) * cfg.num_beams, longest + cfg.max_new_tokens)
+        if memory:
+            check_memory(self.manifest, len(rows) * cfg.num_beams, longest + cfg.max_new_tokens)
 
     def _steps(
         self,

@@ -208,15 +208,25 @@ def max_generation_bytes() -> int:
     return value
 
 
-def check_memory(manifest: Any, batch: int, length: int) -> None:
-    """Refuse a batch whose states (KV buffers of `length` positions) exceed the limit."""
+def row_bytes(manifest: Any, length: int) -> int:
+    """Bytes of one row's states (KV buffers of `length` positions) and last logits."""
     from ..graphs.contract import state_bytes_per_sequence
 
     per_row = 0
     for spec in manifest.pasts:
         n = state_bytes_per_sequence(spec)
         per_row += n * length if spec.is_kv else n
-    per_row += 4 * manifest.vocab_size  # float32 logits of the last position
+    return per_row + 4 * manifest.vocab_size  # float32 logits of the last position
+
+
+def rows_that_fit(manifest: Any, length: int) -> int:
+    """How many rows of up to `length` tokens the batch memory limit holds at once."""
+    return max_generation_bytes() // row_bytes(manifest, length)
+
+
+def check_memory(manifest: Any, batch: int, length: int) -> None:
+    """Refuse a batch whose states (KV buffers of `length` positions) exceed the limit."""
+    per_row = row_bytes(manifest, length)
     need, limit = batch * per_row, max_generation_bytes()
     if need > limit:
         raise GenerationError(
