@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from hybridrt.kinds import GatedDeltaParams
 from hybridrt.models.loading.checkpoint import load_config, load_model
 
 TOL = 1e-4
@@ -46,7 +47,7 @@ def test_olmo_hybrid_variants_match_transformers(tmp_path: Path, overrides: dict
     if "rope_parameters" in overrides:
         assert cfg.rope_theta is None and not cfg.uses_positions
     if "linear_allow_neg_eigval" in overrides:
-        assert cfg.gdn_beta_scale == 1.0
+        assert cfg.params(GatedDeltaParams).gdn_beta_scale == 1.0
     if "layer_types" in overrides:
         assert cfg.layer_types == ("gated_delta",) * 3 + ("post_norm_attention",)
     _matches_transformers(ckpt)
