@@ -77,6 +77,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="exported draft model of the same tokenizer: a request alone in the server decodes speculatively",
     )
     p.add_argument("--log-level", default="info")
+    _add_log_options(p)
+
+
+def _add_log_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log-file",
         help="write the per-request JSON lines here (rotated at --log-file-mb, 5 old files kept); default: stderr",
@@ -88,29 +92,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..default_model import DEFAULT_NAME
     from ..errors import GenerationError, GraphError
     from ..runtime import load, share_thread_pool
     from ..runtime.text import TOKENIZER
-    from ..serve.chat import read_template
     from ..serve.routes import check_routes, parse_route
     from ..serve.server import build, serve
     from .common import model_dir
 
-    if args.model_name is not None and len(args.model) > 1:
-        raise GenerationError("--model-name names the one MODEL; with several, write NAME=DIR")
-    served: dict[str, Path] = {}
-    for spec in args.model:
-        given, sep, path = spec.partition("=")
-        raw = path if sep and given else spec
-        # Exports the default model first if needed, in a child process: the server never holds torch.
-        directory = model_dir(raw, isolated=True)
-        name = given if sep and given else (DEFAULT_NAME if raw == DEFAULT_NAME else Path(raw).resolve().name)
-        if name in served:
-            raise GenerationError(f"two models are served as {name!r}: name them, NAME=DIR")
-        served[name] = directory
-    if args.model_name is not None:
-        served = {args.model_name: next(iter(served.values()))}
+    served = served_models(args.model, args.model_name)
     routes = [parse_route(spec) for spec in args.route]
     check_routes(routes, list(served))
     cache_bytes = None if args.cache_mb is None else int(args.cache_mb * 2**20)
@@ -125,20 +114,7 @@ def run(args: argparse.Namespace) -> int:
         None if args.cache_disk_mb is None else int(args.cache_disk_mb * 2**20),
         args.cache_spacing,
     )
-    template = None if args.chat_template is None else read_template(args.chat_template)
-    if args.log_prompts < 0:
-        raise GraphError(f"--log-prompts must be >= 0, got {args.log_prompts}")
-    config = ServeConfig(
-        next(iter(served)),
-        args.api_key,
-        args.max_body_kb * 1024,
-        args.timeout,
-        chat_template=template,
-        log_prompts=args.log_prompts,
-    )
-    from ..serve.request_log import configure
-
-    configure(args.log_file, int(args.log_file_mb * 2**20))
+    config = _serve_config(args, next(iter(served)))
     draft = None if args.assistant is None else model_dir(args.assistant, isolated=True)
     if draft is not None and len(served) > 1:
         raise GenerationError("--assistant serves one model; serve several without it")
@@ -162,6 +138,47 @@ def run(args: argparse.Namespace) -> int:
     )
     serve(app, args.host, args.port, args.log_level)
     return 0
+
+
+def _serve_config(args: argparse.Namespace, default_name: str) -> ServeConfig:
+    """The HTTP side's settings, and the request log's destination, from the flags."""
+    from ..errors import GraphError
+    from ..serve.chat import read_template
+    from ..serve.request_log import configure
+
+    template = None if args.chat_template is None else read_template(args.chat_template)
+    if args.log_prompts < 0:
+        raise GraphError(f"--log-prompts must be >= 0, got {args.log_prompts}")
+    configure(args.log_file, int(args.log_file_mb * 2**20))
+    return ServeConfig(
+        default_name,
+        args.api_key,
+        args.max_body_kb * 1024,
+        args.timeout,
+        chat_template=template,
+        log_prompts=args.log_prompts,
+    )
+
+
+def served_models(specs: list[str], model_name: str | None) -> dict[str, Path]:
+    """{served name: exported directory} from MODEL arguments (DIR, 'default' or NAME=DIR)."""
+    from ..default_model import DEFAULT_NAME
+    from ..errors import GenerationError
+    from .common import model_dir
+
+    if model_name is not None and len(specs) > 1:
+        raise GenerationError("--model-name names the one MODEL; with several, write NAME=DIR")
+    served: dict[str, Path] = {}
+    for spec in specs:
+        given, sep, path = spec.partition("=")
+        raw = path if sep and given else spec
+        # Exports the default model first if needed, in a child process: the server never holds torch.
+        directory = model_dir(raw, isolated=True)
+        name = given if sep and given else (DEFAULT_NAME if raw == DEFAULT_NAME else Path(raw).resolve().name)
+        if name in served:
+            raise GenerationError(f"two models are served as {name!r}: name them, NAME=DIR")
+        served[name] = directory
+    return {model_name: next(iter(served.values()))} if model_name is not None else served
 
 
 def plan_memory(served: dict[str, Path], cache_bytes: int | None) -> int:
