@@ -173,7 +173,8 @@ def generate(
         for step in range(cfg.max_new_tokens):
             tokens = sample(logits, cfg, rng, tally, cfg.suppressed(eos, step))
             tokens[~live] = pad_id
-            tally.add(tokens[live], rows[live])
+            if not tally.empty:
+                tally.add(tokens[live], rows[live])
             live = _record(stats.tokens, tokens, live, eos_ids, stop)
             yield tokens
             if not live.any() or step + 1 == cfg.max_new_tokens:

@@ -139,8 +139,15 @@ class Tally:
         counts = np.zeros((len(history), vocab), dtype=np.float32) if cfg.counted else None
         return cls(seen, counts)
 
+    @property
+    def empty(self) -> bool:
+        """Nothing to count: no penalty reads the tokens."""
+        return self.seen is None and self.counts is None
+
     def add(self, tokens: np.ndarray, rows: np.ndarray | None = None) -> None:
         """Count each row's new token (tokens [b], or one per entry of `rows`)."""
+        if self.empty:
+            return
         where = np.arange(len(tokens)) if rows is None else rows
         if self.seen is not None:
             self.seen[where, tokens] = True
@@ -194,6 +201,8 @@ def processed_logits(
     logits: np.ndarray, cfg: GenerationConfig, tally: Tally | None = None, suppress: Sequence[int] = ()
 ) -> np.ndarray:
     """Logits [b, V] after the penalties and EOS suppression (a copy when any applies)."""
+    if tally is None or tally.empty:
+        tally = None
     seen = None if tally is None else tally.seen
     if tally is not None and tally.counts is not None and cfg.counted:
         counts = tally.counts
