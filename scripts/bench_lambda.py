@@ -50,7 +50,7 @@ t = mark("import onnxruntime (after numpy)", t)
 import tokenizers
 t = mark("import tokenizers", t)
 from hybridrt.graphs.manifest import read_manifest, verify_files
-from hybridrt.runtime.loader import check_graph
+from hybridrt.runtime.loader import check_session
 from hybridrt.deploy.aws_lambda import check_sizes
 from hybridrt.runtime.text import load_tokenizer
 t = time.perf_counter()
@@ -64,7 +64,7 @@ t = mark("sha256 check", t)
 opts = ort.SessionOptions(); opts.log_severity_level = 3
 s = ort.InferenceSession(str(d / m.graph_file), opts, providers=["CPUExecutionProvider"])
 t = mark("session creation", t)
-check_graph(s, m, d)
+check_session(s, m, d)
 t = mark("graph check", t)
 load_tokenizer(d)
 t = mark("tokenizer load", t)

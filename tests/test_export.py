@@ -13,13 +13,13 @@ import torch
 from checkpoints import make_jamba
 
 import hybridrt
-from hybridrt.export.onnx_export import check_graph
+from hybridrt.export.onnx_export import checked_graph
 from hybridrt.export.trace import GraphModule, feeds
 from hybridrt.export.validate import measure_parity, ort_runner, torch_runner
 from hybridrt.graphs.contract import GraphContract
 from hybridrt.graphs.manifest import read_manifest
 from hybridrt.models.loading.checkpoint import load_model
-from hybridrt.models.state import zero_states
+from hybridrt.models.state import zero_tensors
 
 TOL = 1e-4
 UNSEEN = (1, 3, 33, 129)  # the graph was traced at length 5
@@ -33,7 +33,7 @@ def _compare(model, run, length: int, past: int = 0) -> float:  # type: ignore[n
     ids = torch.randint(0, cfg.vocab_size, (2, length), generator=g)
     pasts = torch.tensor([past, past + 4]) if past else torch.zeros(2, dtype=torch.long)
     contract = GraphContract.of(cfg)
-    states = zero_states(contract, 2, int(pasts.max()) + length + 3)
+    states = zero_tensors(contract, 2, int(pasts.max()) + length + 3)
     if past:
         states = [s.normal_(generator=g) * 0.5 for s in states]
     args = feeds(contract, ids, pasts, states)
@@ -79,7 +79,7 @@ def test_manifest_describes_graph(onnx_dir: Path) -> None:
     data = json.loads((onnx_dir / "hybridrt.json").read_text())
     for key in ("schema_version", "architecture", "layer_types", "provenance", "files", "parity", "special_tokens"):
         assert key in data
-    check_graph(onnx_dir / "model.onnx")  # onnx.checker, allowing onnxruntime's fused norms
+    checked_graph(onnx_dir / "model.onnx")  # onnx.checker, allowing onnxruntime's fused norms
 
 
 def test_node_names_are_hierarchical(jamba_onnx: Path) -> None:

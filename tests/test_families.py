@@ -21,7 +21,7 @@ from hybridrt.errors import UnsupportedArchitectureError
 from hybridrt.graphs.contract import past_specs
 from hybridrt.graphs.manifest import read_manifest
 from hybridrt.models.loading.checkpoint import load_config, load_model
-from hybridrt.models.state import zero_states
+from hybridrt.models.state import zero_tensors
 from hybridrt.quantization import quantize
 
 TOL = 1e-4
@@ -43,7 +43,7 @@ def _forward(model, ids, past, states):  # type: ignore[no-untyped-def]
 
 
 def _fresh(model, batch: int, capacity: int = 80):  # type: ignore[no-untyped-def]
-    return zero_states(model.config, batch, capacity)
+    return zero_tensors(model.config, batch, capacity)
 
 
 def _valid(spec, x, n: int):  # type: ignore[no-untyped-def]

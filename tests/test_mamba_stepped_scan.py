@@ -9,7 +9,7 @@ from hybridrt.default_model import CHECKPOINT_DIR  # noqa: E402
 from hybridrt.models.decoder import HybridForCausalLM
 from hybridrt.models.loading.checkpoint import load_model
 from hybridrt.models.mixers.mamba import MambaMixer
-from hybridrt.models.state import zero_states  # noqa: E402
+from hybridrt.models.state import zero_tensors  # noqa: E402
 
 
 def _stepped(model: HybridForCausalLM, on: bool) -> None:
@@ -25,7 +25,7 @@ def test_stepped_scan_gives_the_reference_logits_and_gradients() -> None:
 
     def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         model.zero_grad(set_to_none=True)
-        states = zero_states(model.config, 2, 41)
+        states = zero_tensors(model.config, 2, 41)
         logits, states = model(ids[:, :30], torch.zeros(2, dtype=torch.long), None, states)
         more, _ = model(ids[:, 30:], torch.full((2,), 30, dtype=torch.long), None, states)
         (logits.logsumexp(-1).mean() + more.logsumexp(-1).mean()).backward()

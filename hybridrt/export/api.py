@@ -154,7 +154,7 @@ def _write_onnx(
     from ..models.loading.checkpoint import open_weights
     from ..models.loading.weights import numel
     from . import validate as val
-    from .onnx_export import check_graph
+    from .onnx_export import checked_graph
     from .streamed import write_graph
 
     graph_path = tmp / GRAPH_FILES["onnx"]
@@ -184,7 +184,7 @@ def _write_onnx(
             raise
         except Exception as e:
             raise ExportError(f"ONNX export failed for {weights.cfg.model_type}: {type(e).__name__}: {e}") from e
-        graph = check_graph(graph_path).graph  # read once: checked, then searched for states in place
+        graph = checked_graph(graph_path).graph  # read once: checked, then searched for states in place
         copy_tokenizer(src, tmp)
         n_params = sum(numel(s) for s in weights.shapes.values())
         manifest = _manifest(weights.cfg, contract, weights.hf, src, "onnx", n_params)

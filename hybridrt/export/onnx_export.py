@@ -67,7 +67,7 @@ def program_to_onnx(
     return onnx_program.model_proto
 
 
-def check_graph(path: str | Path) -> onnx.ModelProto:
+def checked_graph(path: str | Path) -> onnx.ModelProto:
     """onnx's checker on a saved graph; returns the graph it read (weights left in their files).
     SimplifiedLayerNormalization is an onnxruntime operator in the default domain, which the
     checker rejects as unknown: a graph with one is checked as a copy where those nodes sit in

@@ -22,7 +22,7 @@ import torch
 from ..graphs.contract import GraphContract
 from ..graphs.feeds import state_shape
 from ..models.decoder import HybridForCausalLM
-from ..models.state import random_states, zero_states
+from ..models.state import random_states, zero_tensors
 from .trace import GraphModule, feeds
 
 PROMPT_LENGTHS = (1, 7, 64, 300)
@@ -103,7 +103,7 @@ def measure_parity(
     report: dict[str, Any] = {"tolerance": TOLERANCE, "prompt": [], "decode": {}}
     for l in lengths:
         ids = torch.randint(0, cfg.vocab_size, (2, l), generator=g)
-        args = feeds(contract, ids, 0, zero_states(contract, 2, l + 5))
+        args = feeds(contract, ids, 0, zero_tensors(contract, 2, l + 5))
         e_logits, e_states = _errors(runner(args), ref(args), kv, np.array([l, l]))
         report["prompt"].append({"batch": 2, "seq": l, "max_abs_logits": e_logits, "max_abs_state": e_states})
     # Rows that have seen 3 and 9 tokens (random states): a chunk, then decode steps in which
@@ -292,7 +292,7 @@ def _layer_major(weights: Any, chains: list[Chain], contract: GraphContract, sto
     _load(outer, weights, "")
     blocks, shared = layer_blocks(cfg, list(range(cfg.num_layers)))
     _load_shared(shared, weights)
-    starts = [zero_states(contract, 2, start) if isinstance(start, int) else start for _, start in chains]
+    starts = [zero_tensors(contract, 2, start) if isinstance(start, int) else start for _, start in chains]
     streams: list[list[_Stream]] = []  # per chain, per call
     with torch.no_grad():
         for calls, _ in chains:

@@ -114,7 +114,7 @@ class GraphContract:
     """One model's graph contract, built once from its config (`GraphContract.of`) and handed
     to everything that traces, writes, checks or feeds the graph: the inputs and outputs in
     graph order, with the pasts and presents among them. Zero or random states for it come
-    from `models.state` (torch) or `graphs.feeds.zero_states` (numpy)."""
+    from `models.state.zero_tensors` (torch) or `graphs.feeds.zero_states` (numpy)."""
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]

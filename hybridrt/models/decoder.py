@@ -21,7 +21,7 @@ from ..kinds import FFN_KINDS, layer_kind
 from .context import MixerContext
 from .layers import RMSNorm, rope_cos_sin, rope_inv_freq
 from .ops import attention_lengths
-from .state import zero_states
+from .state import zero_tensors
 
 
 def _resolve(path: str) -> type[nn.Module]:
@@ -141,7 +141,7 @@ class HybridForCausalLM(nn.Module):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         b, l = input_ids.shape
         if states is None:
-            states = zero_states(self.config, b, l)
+            states = zero_tensors(self.config, b, l)
         if past_lengths is None:
             past_lengths = torch.zeros(b, dtype=torch.long)
         x, ctx = self.embed(input_ids, past_lengths)

@@ -10,7 +10,7 @@ from ..graphs.contract import GraphContract
 from ..graphs.feeds import state_shape
 
 
-def zero_states(cfg: HybridConfig | GraphContract, batch: int, capacity: int) -> list[torch.Tensor]:
+def zero_tensors(cfg: HybridConfig | GraphContract, batch: int, capacity: int) -> list[torch.Tensor]:
     """Past tensors for `batch` fresh sequences: zero SSM/conv states, zero KV buffers of
     `capacity` positions. Takes the contract, or a config to build it from."""
     contract = cfg if isinstance(cfg, GraphContract) else GraphContract.of(cfg)

@@ -65,7 +65,7 @@ def quantize(
         _check_without_tokenizer(src, cfg, calibration, eval_text)
     texts, eval_texts = read_inputs(cfg, calibration, eval_text) if has_tokenizer else ([], [])
     if cfg.kv_dtype == "int8":  # before any work: the graph's attention can hold an int8 cache
-        kv_cache.check_graph(_bare_graph(src / parent_manifest.graph_file), parent_manifest)
+        kv_cache.check_attention(_bare_graph(src / parent_manifest.graph_file), parent_manifest)
     t0 = time.perf_counter()
     parent = load(src, "cpu")
     reader, held_out, windows = _calibrate(parent, cfg, texts, eval_texts, say) if has_tokenizer else (None, "", [])

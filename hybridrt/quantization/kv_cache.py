@@ -120,7 +120,7 @@ def _attr(node: Any, name: str, default: Any) -> Any:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def check_graph(graph: Any, manifest: Manifest) -> None:
+def check_attention(graph: Any, manifest: Manifest) -> None:
     """Every KV buffer is read by one GroupQueryAttention node with a float32 buffer, or a typed
     error naming the layer (plain-operator attention has no quantized cache)."""
     if not kv_pairs(manifest):
@@ -148,7 +148,7 @@ def quantize_kv(graph: Any, manifest: Manifest, kv_scales: dict[str, np.ndarray]
     rewritten."""
     from onnx import TensorProto, helper, numpy_helper
 
-    check_graph(graph, manifest)
+    check_attention(graph, manifest)
     taken = {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
     rewritten = []
     for node in _attention_nodes(graph):

@@ -130,7 +130,7 @@ def load(
         _preload_cuda(ort)
     session, rewritten, length_inputs = _session(ort, graph, selection, session_options, capture)
     _check_providers(session, selection, strict=not (auto or allow_fallback))
-    check_graph(session, manifest, directory, extra_inputs=length_inputs)
+    check_session(session, manifest, directory, extra_inputs=length_inputs)
     name = session.get_providers()[0]
     device = device_of(name, session.get_provider_options().get(name, {}))
     model = Model(directory, manifest, session, load_tokenizer(directory), device, io_binding=bind)
@@ -235,7 +235,7 @@ def _check_providers(session: Any, selection: ProviderSelection, strict: bool) -
     log.warning("execution provider %s could not start; running on %s", ", ".join(failed), ", ".join(used))
 
 
-def check_graph(session: Any, manifest: Manifest, directory: Path, extra_inputs: tuple[str, ...] = ()) -> None:
+def check_session(session: Any, manifest: Manifest, directory: Path, extra_inputs: tuple[str, ...] = ()) -> None:
     """The session's inputs and outputs are the manifest's, in order, with its ranks and dtypes
     (besides `extra_inputs`, which a rewrite added: compat.for_graph_capture)."""
     for kind, specs, args in (

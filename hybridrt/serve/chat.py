@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import GenerationError
 from .grammar import response_constraint
-from .protocol import ApiError, Params, chat_logprobs, params
+from .protocol import ApiError, Params, logprobs_asked, params
 from .tools import Tools, parse_tools, supports_tools, with_tool_prompt
 
 if TYPE_CHECKING:
@@ -207,4 +207,4 @@ def chat_params(model: Model, template: ChatTemplate | PlainDefaultTemplate, bod
     except GenerationError as e:
         raise ApiError(400, str(e), "messages") from None
     p = params(body, rows, model.max_length, None, model.manifest.generation)
-    return replace(p, logprobs=chat_logprobs(body), constraint=forced or constraint, tools=tools)
+    return replace(p, logprobs=logprobs_asked(body), constraint=forced or constraint, tools=tools)

@@ -136,7 +136,7 @@ def completion_logprobs(names: TokenText, entries: Sequence[TokenLogprob], offse
     return out
 
 
-def chat_logprobs(names: TokenText, entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+def chat_shape(names: TokenText, entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     """/v1/chat/completions `logprobs` of these tokens: {content: [{token, logprob, bytes,
     top_logprobs: [{token, logprob, bytes}]}], refusal: None}."""
     content = []
@@ -158,7 +158,7 @@ def shape(
     """OpenAI's `logprobs` of a choice (or of a chunk's part of it): the prompt's entries (echo)
     then the new tokens'; `offset` is the first new token's text_offset (after the echo)."""
     if chat:
-        return chat_logprobs(names, [*prompt, *new])
+        return chat_shape(names, [*prompt, *new])
     head, tail = completion_logprobs(names, prompt, 0), completion_logprobs(names, new, offset)
     return {k: head[k] + tail[k] for k in head}
 

@@ -178,7 +178,7 @@ def completion_params(model: Model, body: dict[str, Any]) -> Params:
     return replace(p, logprobs=logprobs, echo=echoed, constraint=constraint)
 
 
-def chat_logprobs(body: dict[str, Any]) -> int | None:
+def logprobs_asked(body: dict[str, Any]) -> int | None:
     """A chat request's `logprobs` (true/false) and `top_logprobs` (0-20, with logprobs only):
     the alternatives per token, or None for no logprobs."""
     top = body.get("top_logprobs")
