@@ -144,10 +144,12 @@ class Tally:
         """Nothing to count: no penalty reads the tokens."""
         return self.seen is None and self.counts is None
 
-    def add(self, tokens: np.ndarray, rows: np.ndarray | None = None) -> None:
-        """Count each row's new token (tokens [b], or one per entry of `rows`)."""
+    def add(self, tokens: np.ndarray | Sequence[int], rows: np.ndarray | None = None) -> None:
+        """Count each row's new token (tokens [b], or one per entry of `rows`); nothing to do
+        (and nothing allocated) when no penalty reads the tally."""
         if self.empty:
             return
+        tokens = np.asarray(tokens)
         where = np.arange(len(tokens)) if rows is None else rows
         if self.seen is not None:
             self.seen[where, tokens] = True
@@ -204,11 +206,12 @@ def processed_logits(
     if tally is None or tally.empty:
         tally = None
     seen = None if tally is None else tally.seen
-    if tally is not None and tally.counts is not None and cfg.counted:
-        counts = tally.counts
-        logits = logits - cfg.presence_penalty * (counts > 0) - cfg.frequency_penalty * counts
-    if (seen is not None and cfg.repetition_penalty != 1.0) or suppress:
-        logits = logits.astype(np.float32, copy=True)
+    counts = None if tally is None or not cfg.counted else tally.counts
+    if counts is not None or (seen is not None and cfg.repetition_penalty != 1.0) or suppress:
+        logits = logits.astype(np.float32, copy=True)  # the one copy; the rest is in place
+    if counts is not None:
+        logits -= cfg.presence_penalty * (counts > 0)
+        logits -= cfg.frequency_penalty * counts
     if seen is not None and cfg.repetition_penalty != 1.0:
         apply_repetition_penalty(logits, seen, cfg.repetition_penalty)
     if suppress:

@@ -84,7 +84,7 @@ def propose(draft: Stepper, pending: Sequence[int], k: int, chooser: Chooser, in
         else:
             token = chooser.pick(row, tally, index + i)
         out.tokens.append(token)
-        tally.add(np.asarray([token]))
+        tally.add([token])
         if i + 1 < k:
             row = draft.forward(np.asarray([[token]], dtype=np.int64))[0]
             out.marks.append(draft.checkpoint())
@@ -103,7 +103,7 @@ def judge(verify: np.ndarray, proposal: Proposal, chooser: Chooser, index: int) 
             replacement = None if best == d else best
         if replacement is not None:
             return i, replacement
-        tally.add(np.asarray([d]))
+        tally.add([d])
     k = len(proposal.tokens)
     return k, chooser.pick(verify[k], tally, index + k)  # every draft kept: one more from the target
 

@@ -100,7 +100,7 @@ class Request:
     def record(self, token: int) -> str | None:
         """Take `token` as the next one; the finish reason it brings, if any."""
         self.tokens.append(token)
-        self.tally.add(np.asarray([token]))
+        self.tally.add([token])
         complete = self.grammar is not None and self.grammar.consume(token)
         if complete or token in self.eos or (self.stop is not None and self.stop(self.tokens)):
             return "stop"
