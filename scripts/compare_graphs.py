@@ -8,8 +8,10 @@ its graphs every way the package can: float32 with fused operators, the float gr
 int4, int4 while exporting (`--quantize int4`), and the transformers.js and onnxruntime-genai
 layouts where they take the family (a refusal is recorded as its error message). It records the
 sha256 of every graph file (*.onnx and external data) and of each manifest with its
-run-dependent fields (times, paths, versions) removed. `compare` prints what differs and exits
-1 if anything does.
+run-dependent fields (times, paths, versions) removed. With `--structure`, a graph's digest is
+of its structure: nodes, values and constants renamed in order of first use, so two graphs that
+differ only in the names the exporter gave intermediate values (`val_12`, `sym_size_int_3`)
+digest alike. `compare` prints what differs and exits 1 if anything does.
 """
 
 from __future__ import annotations
@@ -36,11 +38,42 @@ def _stable(value: Any) -> Any:
     return value
 
 
-def _digests(directory: Path) -> dict[str, str]:
+def structure(path: Path) -> str:
+    """A digest of the graph at `path` in which every name but the graph's inputs and outputs
+    is replaced by its order of first use (node names kept: they come from module scopes)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    keep = {v.name for v in graph.input} | {v.name for v in graph.output}
+    names: dict[str, str] = {}
+
+    def canonical(name: str) -> str:
+        if not name or name in keep:
+            return name
+        return names.setdefault(name, f"v{len(names)}")
+
+    for node in graph.node:
+        node.input[:] = [canonical(i) for i in node.input]
+        node.output[:] = [canonical(o) for o in node.output]
+    for group in (graph.initializer, graph.value_info):
+        for item in group:
+            item.name = canonical(item.name)
+    extra = sorted(t.SerializeToString() for t in [*graph.initializer, *graph.value_info])
+    del graph.initializer[:], graph.value_info[:]
+    h = hashlib.sha256(model.SerializeToString(deterministic=True))
+    for item in extra:
+        h.update(item)
+    return h.hexdigest()
+
+
+def _digests(directory: Path, by_structure: bool = False) -> dict[str, str]:
     out = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         name = str(path.relative_to(directory))
-        if path.suffix in (".onnx", ".data", ".onnx_data") or ".onnx." in path.name:
+        if by_structure and path.suffix == ".onnx":
+            out[name + " (structure)"] = structure(path)
+        elif path.suffix in (".onnx", ".data", ".onnx_data") or ".onnx." in path.name:
             out[name] = hashlib.sha256(path.read_bytes()).hexdigest()
         elif path.name in ("hybridrt.json", "genai_config.json", "config.json"):
             stable = json.dumps(_stable(json.loads(path.read_text())), sort_keys=True)
@@ -66,7 +99,7 @@ def _ways(ckpt: Path, onnx_dir: Path, text: Path) -> dict[str, Any]:
     }
 
 
-def digest(out: Path, families: list[str] | None) -> None:
+def digest(out: Path, families: list[str] | None, ways: list[str] | None = None, by_structure: bool = False) -> None:
     logging.disable(logging.WARNING)  # the exporter's and the optimizer's per-node lines
     sys.path.insert(0, str(ROOT / "tests"))
     from family_checkpoints import BUILDERS
@@ -82,13 +115,14 @@ def digest(out: Path, families: list[str] | None) -> None:
             ckpt = BUILDERS[name](work / name / "ckpt", seed=0)
             onnx_dir = work / name / "onnx"
             hybridrt.export_model(ckpt, onnx_dir, validate=False)
-            record[f"{name}/float32"] = _digests(onnx_dir)
-            ways = _ways(ckpt, onnx_dir, text)
-            for way, write in ways.items():
+            record[f"{name}/float32"] = _digests(onnx_dir, by_structure)
+            for way, write in _ways(ckpt, onnx_dir, text).items():
+                if ways is not None and way not in ways:
+                    continue
                 target = work / name / way
                 try:
                     write(target)
-                    record[f"{name}/{way}"] = _digests(target)
+                    record[f"{name}/{way}"] = _digests(target, by_structure)
                 except Exception as e:  # a layout that does not take the family: its message
                     record[f"{name}/{way}"] = {"refused": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
             print(name, "done", flush=True)
@@ -112,12 +146,15 @@ def main() -> int:
     d = sub.add_parser("digest")
     d.add_argument("out", type=Path)
     d.add_argument("--families", default=None)
+    d.add_argument("--ways", default=None, help="comma-separated: int4, export-int4, transformers-js, ...")
+    d.add_argument("--structure", action="store_true", help="digest graphs by structure (see above)")
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
     args = parser.parse_args()
     if args.command == "digest":
-        digest(args.out, args.families.split(",") if args.families else None)
+        split = lambda v: v.split(",") if v else None  # noqa: E731
+        digest(args.out, split(args.families), split(args.ways), args.structure)
         return 0
     return compare(args.before, args.after)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import exports
 import numpy as np
@@ -139,23 +140,80 @@ def test_each_mamba_scan_is_one_self_contained_scan(jamba_onnx: Path) -> None:
     assert ssm.dims[1:] == (cfg["mamba_d_state"], cfg["mamba_expand"] * cfg["hidden_size"])
 
 
-def test_node_count_does_not_depend_on_trace_length(jamba_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing is unrolled over time: the outer graph and every distinct layer's template (what
-    export instantiates for each layer) traced at 5 or 37 tokens have the same nodes."""
+@pytest.fixture(scope="module")
+def jamba_traces(jamba_dir: Path) -> dict[str, Any]:
+    """Jamba's outer graph and every distinct layer's template, layer 0's included, traced at 5
+    and at 37 tokens (anew: no trace cache is read here), and the layer export makes layer 0's
+    template from."""
     from hybridrt.export import fragments
 
     cfg = load_model(jamba_dir)[0].config
     outer = fragments.outer_model(cfg)
     layers = list(range(cfg.num_layers))
     blocks, shared = fragments.layer_blocks(cfg, layers)
-    distinct = {fragments.signature(cfg, outer, i, blocks[i], shared): i for i in layers}
-    counts = []
-    for seq in (5, 37):
-        monkeypatch.setattr(fragments, "EXAMPLE_SEQ", seq)  # traced anew: no trace cache is read here
-        traced = [fragments.trace_layer(cfg, outer, i, blocks[i], shared, True) for i in distinct.values()]
-        traced.append(fragments.trace_outer(cfg, outer, True))
-        counts.append([len(t.model.graph.node) for t in traced])
-    assert counts[0] == counts[1] and len(counts[0]) >= 3
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for i in layers:
+        groups.setdefault(fragments.signature(cfg, outer, i, blocks[i], shared), []).append(i)
+    traces: dict[int, dict[int, fragments.Template]] = {}
+    with pytest.MonkeyPatch.context() as mp:
+        for seq in (5, 37):
+            mp.setattr(fragments, "EXAMPLE_SEQ", seq)
+            own = {m[0]: fragments.trace_layer(cfg, outer, m[0], blocks[m[0]], shared, True) for m in groups.values()}
+            traces[seq] = own | {-1: fragments.trace_outer(cfg, outer, True)}
+    return {"traces": traces, "source": fragments.first_from(groups)}
+
+
+def test_node_count_does_not_depend_on_trace_length(jamba_traces: dict[str, Any]) -> None:
+    """Nothing is unrolled over time: the outer graph and every distinct layer's template (what
+    export instantiates for each layer) traced at 5 or 37 tokens have the same nodes."""
+    counts = [[len(t.model.graph.node) for t in by_layer.values()] for by_layer in jamba_traces["traces"].values()]
+    assert counts[0] == counts[1] and len(counts[0]) >= 4
+
+
+def _canonical(template: Any, index: int) -> str:
+    """The template with layer `index`'s names as layer 0's and every other value named by its
+    order of first use: two graphs that differ only in the exporter's value names (its note of
+    each input's argument number, its numbering of size symbols) print alike."""
+    model = onnx.ModelProto()
+    model.CopyFrom(template.model)
+    graph = model.graph
+    scope, names = f"layers.{index}", {}
+    keep = {v.name for v in [*graph.input, *graph.output]}
+
+    def name(v: str) -> str:
+        if v in keep or not v:
+            return v.replace(scope, "layers.0")
+        return names.setdefault(v, f"v{len(names)}")
+
+    for node in graph.node:
+        node.input[:] = [name(i) for i in node.input]
+        node.output[:] = [name(o) for o in node.output]
+        node.name = node.name.replace(scope, "layers.0")
+    for item in [*graph.input, *graph.output, *graph.initializer, *graph.value_info]:
+        item.name = name(item.name)
+    for value in [*graph.input, *graph.output]:
+        del value.metadata_props[:]  # the exporter's record of its argument numbers
+        for dim in value.type.tensor_type.shape.dim:  # torch's numbering of its own size symbols
+            if dim.dim_param[:1] == "s" and dim.dim_param[1:].isdigit():
+                dim.dim_param = "s"
+    return str(sorted(str(n) for n in graph.node)) + str(sorted(str(v) for v in [*graph.input, *graph.output]))
+
+
+def test_layer_0_made_from_a_later_layer_is_the_traced_one(jamba_traces: dict[str, Any]) -> None:
+    """Export makes layer 0's template from a later layer's with the same signature (dropping
+    the Add that joins the previous block's output) instead of tracing it: the result has the
+    traced template's nodes, inputs and outputs, up to the exporter's value names."""
+    from hybridrt.export.fragments import first_layer
+
+    k = jamba_traces["source"]
+    assert k is not None and k > 0
+    traced = jamba_traces["traces"][5]
+    made = first_layer(traced[k])
+    assert made is not None and "r" not in {v.name for v in made.model.graph.input}
+    assert "r" in {v.name for v in traced[k].model.graph.input}
+    assert _canonical(made, k) == _canonical(traced[0], 0)
+    assert len(made.model.graph.node) == len(traced[k].model.graph.node) - 1
+    assert first_layer(traced[0]) is None  # no r, nothing to drop: export traces such a layer
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "pt2"])

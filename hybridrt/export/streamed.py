@@ -22,7 +22,17 @@ from ..graphs.contract import GraphContract
 from ..graphs.files import IR_VERSION
 from ..models.loading.weights import Weights
 from .compose import DataFile, Fragment, Prepared, assemble, instantiate, prepare
-from .fragments import CTX_FIELDS, Template, layer_blocks, outer_model, signature, trace_layer, trace_outer
+from .fragments import (
+    CTX_FIELDS,
+    Template,
+    first_from,
+    first_layer,
+    layer_blocks,
+    outer_model,
+    signature,
+    trace_layer,
+    trace_outer,
+)
 from .trace_cache import TraceCache, template_key
 
 # A rewrite of one fragment once its weights are bound (direct quantization):
@@ -68,20 +78,29 @@ def write_graph(
     groups: dict[tuple[object, ...], list[int]] = {}
     for i in layers:
         groups.setdefault(signature(cfg, outer, i, blocks[i], shared, contract), []).append(i)
-    say(f"tracing {len(groups)} distinct layers of {cfg.num_layers} and the outer graph")
+    source = first_from(groups)  # layer 0's template is made from this layer's (fragments.first_layer)
+    traced = len(groups) - (source is not None)
+    say(f"tracing {traced} distinct layers of {cfg.num_layers} and the outer graph")
     cache = TraceCache.from_env()
-    templates = {}
+    templates: dict[int, Template] = {}
     for members in groups.values():
         j = members[0]
-        trace = functools.partial(trace_layer, cfg, outer, j, blocks[j], shared, fused, contract)
-        templates[j] = cache.get(template_key(cfg, j, fused, contract), trace)
+        if j != 0 or source is None:
+            trace = functools.partial(trace_layer, cfg, outer, j, blocks[j], shared, fused, contract)
+            templates[j] = cache.get(template_key(cfg, j, fused, contract), trace)
+    if source is not None:
+        first = first_layer(templates[source])
+        if first is None:
+            trace = functools.partial(trace_layer, cfg, outer, 0, blocks[0], shared, fused, contract)
+            first = cache.get(template_key(cfg, 0, fused, contract), trace)
+        templates[0] = first
     trace = functools.partial(trace_outer, cfg, outer, fused, contract)
     outer_t = cache.get(template_key(cfg, -1, fused, contract), trace)
     del blocks
-    fusion = _fuse([outer_t, *templates.values()], groups) if fused and fuse_norms else None
+    fusion = _fuse({-1: outer_t, **templates}, groups) if fused and fuse_norms else None
     for t in [outer_t, *templates.values()]:
         _annotate(t.model)
-    preps = {j: prepare(t, _weight_pattern(j), fused) for j, t in templates.items()}
+    preps = {j: prepare(t, _weight_pattern(t.index), fused) for j, t in templates.items()}
     outer_p = prepare(outer_t, _weight_pattern(-1), fused)
     owner = {i: members[0] for members in groups.values() for i in members}
     trace_s = time.perf_counter() - t0
@@ -303,16 +322,17 @@ def _annotate(model: onnx.ModelProto) -> None:
             model.graph.value_info.append(onnx.helper.make_tensor_value_info(name, elem, None))
 
 
-def _fuse(templates: list[Template], groups: dict[tuple[object, ...], list[int]]) -> dict[str, Any]:
+def _fuse(templates: dict[int, Template], groups: dict[tuple[object, ...], list[int]]) -> dict[str, Any]:
     """RMSNorm fusion on each template (export.fuse.fuse_norms): the norms' weights need not
-    be constants for it, so it runs once per distinct layer. Counts are per model."""
+    be constants for it, so it runs once per distinct layer. Counts are per model. templates:
+    first member of a group (-1 the outer graph) -> its template."""
     from .fuse import FUSED_NORM_OPS, fuse_norms
 
     size = {members[0]: len(members) for members in groups.values()}
     total: dict[str, Any] = {}
-    for t in templates:
+    for j, t in templates.items():
         report = fuse_norms(t.model)
-        n = size.get(t.index, 1)
+        n = size.get(j, 1)
         for op in FUSED_NORM_OPS:
             total[op] = total.get(op, 0) + n * report[op]
         total["passes"] = report["passes"]
