@@ -38,6 +38,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
+        "--grpc-port",
+        type=int,
+        metavar="P",
+        help="also serve completions and chat over gRPC on --host:P (hybridrt/serve/hybridrt.proto, and "
+        "grpc.health.v1); needs grpcio (pip install 'hybridrt[grpc]')",
+    )
+    p.add_argument(
         "--api-key",
         default=os.environ.get("HYBRIDRT_API_KEY"),
         help="require Authorization: Bearer KEY on every route but /health and /openapi.json "
@@ -149,6 +156,15 @@ def _serve_config(args: argparse.Namespace, default_name: str) -> ServeConfig:
     template = None if args.chat_template is None else read_template(args.chat_template)
     if args.log_prompts < 0:
         raise GraphError(f"--log-prompts must be >= 0, got {args.log_prompts}")
+    grpc_address = None
+    if args.grpc_port is not None:
+        if not 0 <= args.grpc_port < 65536:
+            raise GraphError(f"--grpc-port must be a port number (0-65535), got {args.grpc_port}")
+        try:
+            import grpc  # noqa: F401
+        except ImportError:
+            raise GraphError("--grpc-port needs grpcio: pip install 'hybridrt[grpc]'") from None
+        grpc_address = f"{args.host}:{args.grpc_port}"
     configure(args.log_file, int(args.log_file_mb * 2**20))
     return ServeConfig(
         default_name,
@@ -157,6 +173,7 @@ def _serve_config(args: argparse.Namespace, default_name: str) -> ServeConfig:
         args.timeout,
         chat_template=template,
         log_prompts=args.log_prompts,
+        grpc_address=grpc_address,
     )
 
 

@@ -6,7 +6,8 @@ Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /he
 description, openapi.py), GET / (no key: the chat page and its assets, page.py). Errors are OpenAI's
 {"error": {"message", "type", "param", "code"}} with a 4xx status for anything the client
 can fix; no stack trace reaches a client. Every request gets an id (the client's X-Request-ID, or
-a new one) returned in that header, and one JSON log line when it ends (request_log.py).
+a new one) returned in that header, and one JSON log line when it ends (request_log.py). With
+ServeConfig.grpc_address, a gRPC door (grpc_api.py) hands its calls to this same app.
 """
 
 from __future__ import annotations
@@ -83,16 +84,21 @@ class Server:
             raise ApiError(503, f"{label} is loading; retry shortly", headers={"Retry-After": "1"})
         return engine.model
 
-    async def health(self, request: Request) -> Response:
+    def status(self) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, body) of /health: 200 once every model is loaded, else 503 and why."""
         failed = {n: str(e.error) for n, e in self.engines.items() if e.error is not None}
         if failed:
             error = next(iter(failed.values())) if len(self.engines) == 1 else failed
-            return JSONResponse({"status": "failed", "error": error}, 503)
+            return 503, {"status": "failed", "error": error}
         if not all(e.ready.is_set() for e in self.engines.values()):
-            return JSONResponse({"status": "loading"}, 503)
+            return 503, {"status": "loading"}
         if any(e.closing for e in self.engines.values()) or self.draining:
-            return JSONResponse({"status": "shutting down"}, 503)
-        return JSONResponse({"status": "ok"})
+            return 503, {"status": "shutting down"}
+        return 200, {"status": "ok"}
+
+    async def health(self, request: Request) -> Response:
+        code, body = self.status()
+        return JSONResponse(body, code)
 
     async def metrics_text(self, request: Request) -> Response:
         return Response(render(self.metrics, {n: e.metrics for n, e in self.engines.items()}), media_type=CONTENT_TYPE)
@@ -206,7 +212,8 @@ class Guard:
             return await self.app(scope, receive, send)
         path = scope["path"]
         status = [500]
-        record = RequestRecord(request_id(dict(scope["headers"]).get(b"x-request-id")), scope["method"], path)
+        given = dict(scope["headers"]).get(b"x-request-id")
+        record = RequestRecord(request_id(given), scope["method"], path, scope.get("hybridrt.door", "http"))
         scope.setdefault("state", {})["record"] = record  # the routes' request.state.record
         tag = (HEADER.encode(), record.request_id.encode())
 
@@ -312,8 +319,15 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        door = None
+        if config.grpc_address is not None:  # the gRPC door, on this loop, into this app
+            from .grpc_api import start
+
+            door, app.state.grpc_port = await start(app, config.grpc_address)
         yield
-        # After the server's graceful shutdown has let open requests finish.
+        # After the server's graceful shutdown has let open requests (gRPC calls too) finish.
+        if door is not None:
+            await door.stop(1)
         for each in engines.values():
             await anyio.to_thread.run_sync(each.stop)
 
@@ -321,4 +335,5 @@ def create_app(
     app.add_middleware(Guard, server=server)  # type: ignore[arg-type]
     app.state.engines = engines  # {served name: engine}
     app.state.drain = server.drain  # awaited by the uvicorn runner (server.py) on SIGTERM/SIGINT
+    app.state.status = server.status  # /health's answer, for the gRPC door's health service
     return app

@@ -50,3 +50,5 @@ class ServeConfig:
     chat_template: str | None = None  # a Jinja chat template's source, over the model's own
     # Per-request log lines (request_log.py): the prompt's first N characters in each (0: none).
     log_prompts: int = 0
+    # host:port of the gRPC door (grpc_api.py; port 0: a free one, in app.state.grpc_port), or none.
+    grpc_address: str | None = None

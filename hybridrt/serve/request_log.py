@@ -7,8 +7,8 @@ finish reasons) and the error handlers the error; the middleware writes the line
 response has been sent in full (a stream's last event included) or the client went away. So
 4xx answers, 429s, timeouts and disconnects each write exactly one line, as successes do.
 
-The line is JSON on the `hybridrt.requests` logger: request_id, time (UTC, ISO 8601), method,
-path, status, model, route and variant (a routed model's choice), prompt_tokens, cached_tokens,
+The line is JSON on the `hybridrt.requests` logger: request_id, time (UTC, ISO 8601), door (http
+or grpc), method, path, status, model, route and variant (a routed model's choice), prompt_tokens, cached_tokens,
 completion_tokens, queue_wait_s (the longest a choice waited for a state slot), ttft_s (to the
 first token), total_s, finish_reason (one per choice), error, and the prompt's first N characters
 only when `log_prompts` is N > 0. `configure` sends the logger to a rotating file or to stderr.
@@ -50,6 +50,7 @@ class RequestRecord:
     request_id: str
     method: str
     path: str
+    door: str = "http"  # "grpc": a call of the gRPC door (grpc_api.py), handed to the app as this request
     started: float = field(default_factory=time.perf_counter)
     wall: float = field(default_factory=time.time)
     status: int = 0
@@ -65,6 +66,7 @@ class RequestRecord:
         out: dict[str, Any] = {
             "request_id": self.request_id,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self.wall)) + f".{int(self.wall % 1 * 1000):03d}Z",
+            "door": self.door,
             "method": self.method,
             "path": self.path,
             "status": self.status,
