@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 
 import hybridrt
-from hybridrt.runtime.providers import CPU, CUDA, select_providers
+from hybridrt.runtime.providers import CPU, CUDA, device_of, select_providers
 
 ACL, XNNPACK = "ACLExecutionProvider", "XnnpackExecutionProvider"
 
@@ -97,3 +97,22 @@ def test_cuda_loads_its_libraries_before_the_session(jamba_onnx: Path, monkeypat
     calls.clear()
     hybridrt.load(jamba_onnx, "cpu")
     assert calls == ["session"]  # not for the CPU
+
+
+def test_serve_device_id_picks_a_cuda_device() -> None:
+    """`hybridrt serve --device-id N`: CUDA on device N (with --provider cuda or auto), its
+    tensors placed there; refused with another provider or a negative id."""
+    from hybridrt.commands.serve import device_provider
+
+    assert device_provider("auto", None) == "auto"
+    for given in ("cuda", "CUDAExecutionProvider", "auto"):
+        request = device_provider(given, 1)
+        assert request == [(CUDA, {"device_id": 1})]
+        chosen = select_providers(request, [CUDA, CPU]).providers
+        assert chosen[0] == (CUDA, {"device_id": "1"}) and device_of(*chosen[0]) == ("cuda", 1)
+    with pytest.raises(hybridrt.ProviderError, match="does not apply to --provider cpu"):
+        device_provider("cpu", 0)
+    with pytest.raises(hybridrt.ProviderError, match=">= 0"):
+        device_provider("cuda", -1)
+    with pytest.raises(hybridrt.ProviderError, match="CUDAExecutionProvider is not available"):
+        select_providers(device_provider("auto", 0), [CPU])

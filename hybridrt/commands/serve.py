@@ -78,6 +78,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-kb", type=int, default=SERVE.max_body_bytes // 1024)
     p.add_argument("--timeout", type=float, default=SERVE.request_timeout, help="seconds per request")
     p.add_argument("--provider", default="auto", help="auto, cpu, cuda, acl, xnnpack, or a full provider name")
+    p.add_argument(
+        "--device-id", type=int, metavar="N", help="the CUDA device to serve on (with --provider cuda or auto)"
+    )
     p.add_argument("--threads", type=int, help="CPU intra-op threads")
     p.add_argument(
         "--assistant",
@@ -133,18 +136,33 @@ def run(args: argparse.Namespace) -> int:
             )
     if draft is not None:  # two sessions taking turns: one thread pool for both
         share_thread_pool(args.threads or os.cpu_count() or 1, strict=False)
+    provider = device_provider(args.provider, args.device_id)
     loaders: dict[str, Any] = {
-        name: functools.partial(load, d, args.provider, threads=args.threads) for name, d in served.items()
+        name: functools.partial(load, d, provider, threads=args.threads) for name, d in served.items()
     }
     _, app = build(
         loaders if len(loaders) > 1 else next(iter(loaders.values())),
         engine,
         config,
-        None if draft is None else (lambda: load(draft, args.provider, threads=args.threads)),
+        None if draft is None else (lambda: load(draft, provider, threads=args.threads)),
         routes,
     )
     serve(app, args.host, args.port, args.log_level)
     return 0
+
+
+def device_provider(provider: str, device_id: int | None) -> Any:
+    """--provider with --device-id: CUDA on that device (with `auto` too, which then requires CUDA)."""
+    from ..errors import ProviderError
+    from ..runtime.providers import CUDA, canonical
+
+    if device_id is None:
+        return provider
+    if device_id < 0:
+        raise ProviderError(f"--device-id must be >= 0, got {device_id}")
+    if provider.lower() != "auto" and canonical(provider) != CUDA:
+        raise ProviderError(f"--device-id picks a CUDA device; it does not apply to --provider {provider}")
+    return [(CUDA, {"device_id": device_id})]
 
 
 def _serve_config(args: argparse.Namespace, default_name: str) -> ServeConfig:
