@@ -60,25 +60,15 @@ def run(args: argparse.Namespace) -> int:
 def bench(directories: list[Path], args: argparse.Namespace) -> list[dict[str, Any]]:
     import os
 
-    import numpy as np
-
     from ..runtime import load, share_thread_pool
+    from ..runtime.evaluate import bench_rows
     from .common import model_dir
 
     if args.assistant is not None:  # two sessions taking turns: one thread pool for both
         share_thread_pool(args.threads or os.cpu_count() or 1, strict=False)
     models = [load(d, args.provider, threads=args.threads) for d in directories]
     draft = load(model_dir(args.assistant), args.provider, threads=args.threads) if args.assistant else None
-    vocab = min(m.manifest.vocab_size for m in models)
-    specials = {
-        t
-        for m in models
-        for v in m.manifest.special_tokens.values()
-        for t in (v if isinstance(v, list) else [v])
-        if isinstance(t, int)
-    }
-    low = max([*specials, 2]) + 1  # ids above the special tokens: no EOS or BOS in the prompt
-    rows = np.random.default_rng(args.seed).integers(low, vocab, (args.batch, args.prompt_tokens)).tolist()
+    rows = bench_rows([m.manifest for m in models], args.batch, args.prompt_tokens, args.seed)
     settings = {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens, "do_sample": False}
     speculative = {
         "assistant_model": draft,

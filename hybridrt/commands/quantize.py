@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import QuantizationError
+from ..quantization.auto import OBJECTIVES
 from ..quantization.config import ALGOS, CALIB_METHODS, KV_DTYPES, MODES, QuantConfig
 
 if TYPE_CHECKING:
@@ -39,7 +41,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("quantize", help="quantize an exported ONNX directory (int8, int4) with a quality report")
     p.add_argument("model", help="exported ONNX directory, or 'default'")
     p.add_argument("-o", "--output", required=True, help="output directory (must not exist unless --force)")
-    p.add_argument("--mode", required=True, choices=list(MODES), help="; ".join(f"{k}: {v}" for k, v in MODES.items()))
+    p.add_argument("--mode", choices=list(MODES), help="; ".join(f"{k}: {v}" for k, v in MODES.items()))
+    p.add_argument(
+        "--auto",
+        action="store_true",
+        help="instead of --mode: build the candidates that fit --budget-mb, drop those that fail a gate, keep the "
+        "fastest (--objective) by measurement on this machine, and write it with its plan (plan.json)",
+    )
+    p.add_argument(
+        "--plan", type=Path, metavar="PLAN_JSON", help="write a plan's chosen candidate again, measuring nothing"
+    )
+    p.add_argument("--budget-mb", type=float, help="--auto: weights plus the states and KV of --context x --batch")
+    p.add_argument("--context", type=int, default=2048, help="--auto: tokens per sequence the budget holds")
+    p.add_argument("--batch", type=int, default=1, help="--auto: sequences the budget holds")
+    p.add_argument("--objective", default="decode", choices=OBJECTIVES, help="--auto: what the winner is best at")
+    p.add_argument("--candidates", help="--auto: comma-separated candidate names to try (default: all)")
+    p.add_argument("--max-nll-delta", type=float, help="--auto: drop a candidate whose NLL rises more than this")
+    p.add_argument("--max-kl", type=float, help="--auto: drop a candidate whose mean KL to float exceeds this")
     algos = ", ".join(f"{m}: {'|'.join(a)}" for m, a in ALGOS.items())
     p.add_argument(
         "--algo",
@@ -131,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(q))
         return 0
+    if "plan" in q:
+        print(plan_table(Path(args.output) / q["plan"]["file"]))
+        return 0
     r, size = q.get("report"), q["size"]
     algo = f" {q['algo']}" if q["algo"] else ""
     floats = q.get("float_activations") or {}
@@ -166,9 +187,34 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace, say: Callable[[str], None]) -> Manifest:
+    from ..quantization import auto
     from ..quantization.api import quantize
     from .common import model_dir
 
+    chosen = [args.auto, args.plan is not None, args.mode is not None]
+    if sum(chosen) != 1:
+        raise QuantizationError("give one of --mode MODE, --auto, or --plan PLAN_JSON")
+    if args.plan is not None:
+        return auto.replay(model_dir(args.model), args.output, args.plan, force=args.force, progress=say)
+    if args.auto:
+        return auto.choose(
+            model_dir(args.model),
+            args.output,
+            budget_bytes=None if args.budget_mb is None else int(args.budget_mb * 2**20),
+            context=args.context,
+            batch=args.batch,
+            gates=auto.Gates(args.max_ppl_ratio, args.max_nll_delta, args.max_kl, args.min_greedy_agreement),
+            objective=args.objective,
+            eval_text=args.eval_text,
+            calibration=args.calibration,
+            only=None if args.candidates is None else [c.strip() for c in args.candidates.split(",")],
+            force=args.force,
+            progress=say,
+            eval_tokens=args.eval_tokens,
+            agreement_prompts=args.agreement_prompts,
+            samples=args.samples,
+            seq_len=args.seq_len,
+        )
     return quantize(
         model_dir(args.model),
         args.output,
@@ -198,3 +244,21 @@ def _quantize(args: argparse.Namespace, say: Callable[[str], None]) -> Manifest:
         max_ppl_ratio=args.max_ppl_ratio,
         min_greedy_agreement=args.min_greedy_agreement,
     )
+
+
+def plan_table(path: Path) -> str:
+    """A plan's candidates, one line each (hybridrt quantize --auto, hybridrt inspect)."""
+    plan = json.loads(path.read_text())
+    budget = "none" if plan["budget_bytes"] is None else f"{plan['budget_bytes'] / 2**20:.1f} MiB"
+    lines = [
+        f"plan: {plan['chosen']} chosen by {plan['objective']} among {len(plan['candidates'])} candidates "
+        f"(budget {budget}, context {plan['context']} x batch {plan['batch']}; {plan['machine']['cpu']}; "
+        f"{plan['seconds']} s)"
+    ]
+    for c in plan["candidates"]:
+        q, speed = c["quality"] or {}, c["speed"] or {}
+        size = "-" if c["total_bytes"] is None else f"{c['total_bytes'] / 2**20:.1f} MiB"
+        figures = f"ppl x{q['ppl_ratio']:.4f} KL {q['mean_kl']:.2e} agree {q['greedy_agreement']:.2f}" if q else ""
+        rate = f"{speed['decode_tokens_per_s']:.1f} tok/s" if speed else ""
+        lines.append(f"  {c['status']:8} {c['name']:24} {size:>11} {figures} {rate} | {c['why']}")
+    return "\n".join(lines)

@@ -126,3 +126,18 @@ def evaluate(
     """score_text with the runtime model's ONNX session and tokenizer."""
     window, stride = eval_settings(model, window, stride)
     return score_text(ort_logits_fn(model), model.tokenizer, text, window, stride, progress)
+
+
+def bench_rows(manifests: Sequence[Any], batch: int, prompt_tokens: int, seed: int = 0) -> list[list[int]]:
+    """`hybridrt bench`'s prompts: random ids above every special token of the models (no EOS or
+    BOS inside a prompt), within the smallest vocabulary."""
+    vocab = min(m.vocab_size for m in manifests)
+    specials = {
+        t
+        for m in manifests
+        for v in m.special_tokens.values()
+        for t in (v if isinstance(v, list) else [v])
+        if isinstance(t, int)
+    }
+    low = max([*specials, 2]) + 1
+    return np.random.default_rng(seed).integers(low, vocab, (batch, prompt_tokens)).tolist()  # type: ignore[no-any-return]

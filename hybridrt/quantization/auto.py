@@ -1,0 +1,443 @@
+"""`quantize(src, out, auto=True)`: the fastest model that fits a memory budget and passes the
+quality gates, chosen by measurement on this machine, and the decision kept as a plan.
+
+1. Candidates: weight modes (int8-dynamic, int8-weight, int4 with the mse and rtn algorithms at
+   blocks of 32 and 64), each also with an int8 KV cache where the model has attention; the
+   float source itself is one too.
+2. Budget: a candidate's bytes are its weights plus the states and KV of `context` tokens for
+   `batch` sequences (from the manifest's state sizes, KV at the candidate's dtype). Weights are
+   estimated before building from the source graph's quantizable matrices (quantization.selection),
+   so a candidate whose estimate is over the budget is never built; a built one is measured.
+3. Gates: the quality report of each built candidate against the float source on the eval text
+   (perplexity ratio, NLL delta, mean KL, greedy agreement); a candidate that fails one is dropped
+   with the figure that failed.
+4. Objective: decode tokens/s (default) or prefill time, measured with `hybridrt bench`'s workload,
+   every passing candidate in turn within each round (the machine is noisy), medians; or size.
+5. The winner is written to `out` with `plan.json` (and the plan in hybridrt.json): every
+   candidate with its sizes, figures and why it was dropped or chosen, the machine, the gates.
+   `replay(src, out, plan)` writes the chosen candidate again without measuring anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import QuantizationError
+from ..graphs.files import atomic_directory
+from ..graphs.manifest import Manifest, read_manifest
+from .config import QuantConfig
+
+PLAN_FILE = "plan.json"
+PLAN_VERSION = 1
+OBJECTIVES = ("decode", "prefill", "size")
+# Weight modes tried, as QuantConfig options; each also with kv_dtype int8 when the model has attention.
+WEIGHT_CANDIDATES: tuple[dict[str, Any], ...] = (
+    {"mode": "int4", "algo": "mse", "block_size": 32},
+    {"mode": "int4", "algo": "mse", "block_size": 64},
+    {"mode": "int4", "algo": "rtn", "block_size": 32},
+    {"mode": "int8-weight", "algo": "rtn", "block_size": 32},
+    {"mode": "int8-dynamic"},
+)
+FLOAT = "float32 (source)"
+
+
+@dataclass(frozen=True)
+class Gates:
+    max_ppl_ratio: float | None = None
+    max_nll_delta: float | None = None
+    max_kl: float | None = None
+    min_greedy_agreement: float | None = None
+
+    def failures(self, report: dict[str, Any]) -> list[str]:
+        checks = [
+            ("ppl_ratio", self.max_ppl_ratio, ">", "--max-ppl-ratio"),
+            ("nll_delta", self.max_nll_delta, ">", "--max-nll-delta"),
+            ("mean_kl", self.max_kl, ">", "--max-kl"),
+            ("greedy_agreement", self.min_greedy_agreement, "<", "--min-greedy-agreement"),
+        ]
+        out = []
+        for key, limit, op, flag in checks:
+            value = report[key]
+            if limit is not None and (value > limit if op == ">" else value < limit):
+                out.append(f"{key} {value:.6g} {op} {flag} {limit}")
+        return out
+
+
+@dataclass
+class Candidate:
+    name: str
+    options: dict[str, Any]
+    estimated_bytes: int = 0  # weights, before building
+    weight_bytes: int | None = None  # measured
+    state_bytes: int = 0  # states and KV of `batch` sequences of `context` tokens
+    report: dict[str, Any] | None = None
+    speed: dict[str, float] = field(default_factory=dict)
+    status: str = "pending"  # chosen, passed, dropped
+    why: str = ""
+    directory: Path | None = None
+
+    def record(self) -> dict[str, Any]:
+        total = None if self.weight_bytes is None else self.weight_bytes + self.state_bytes
+        keys = ("ppl_ratio", "nll_delta", "mean_kl", "greedy_agreement")
+        figures = None if self.report is None else {k: self.report[k] for k in keys}
+        return {
+            "name": self.name,
+            "options": self.options,
+            "estimated_weight_bytes": self.estimated_bytes,
+            "weight_bytes": self.weight_bytes,
+            "state_bytes": self.state_bytes,
+            "total_bytes": total,
+            "quality": figures,
+            "speed": self.speed or None,
+            "status": self.status,
+            "why": self.why,
+        }
+
+
+def candidates(manifest: Manifest, only: Sequence[str] | None = None) -> list[Candidate]:
+    """The candidates for a model (`only`: those names, in that order)."""
+    out = [Candidate(FLOAT, {})]
+    attention = any(s.is_kv for s in manifest.pasts)
+    for options in WEIGHT_CANDIDATES:
+        name = options["mode"] + (f"-{options['algo']}-b{options['block_size']}" if "algo" in options else "")
+        out.append(Candidate(name, dict(options)))
+        if attention:
+            out.append(Candidate(f"{name}+kv-int8", dict(options) | {"kv_dtype": "int8"}))
+    if only is None:
+        return out
+    by_name = {c.name: c for c in out}
+    unknown = [n for n in only if n not in by_name]
+    if unknown:
+        raise QuantizationError(f"unknown candidate {', '.join(unknown)}; known: {', '.join(by_name)}")
+    return [by_name[n] for n in only]
+
+
+def estimate_weights(src: Path, manifest: Manifest, options: dict[str, Any]) -> int:
+    """Bytes of the candidate's graph before it is built: the source graph's bytes with its
+    quantizable matrices (the selection's linear layers and vocabulary) at the mode's bits,
+    scales and zero points included."""
+    import onnx
+
+    from .selection import select_nodes
+    from .vocab import find_vocab_nodes
+
+    parent = sum(p.stat().st_size for p in src.iterdir() if p.name.startswith(manifest.graph_file))
+    if not options:
+        return parent
+    graph = onnx.load(str(src / manifest.graph_file), load_external_data=False).graph
+    cfg = QuantConfig.from_kwargs(**options)
+    selection = select_nodes(graph, cfg, manifest.layer_types)
+    sizes = {t.name: _elements(t.dims) for t in graph.initializer}
+    matrices = {n.input[1] for n in graph.node if n.name in selection.quantize and len(n.input) > 1}
+    vocab = find_vocab_nodes(graph)
+    tables = {t for t in (vocab.table, vocab.head_weight) if t in sizes}
+    linear = sum(sizes.get(m, 0) for m in matrices - tables)
+    table = sum(sizes[t] for t in tables)
+    block = cfg.block_size
+    per = {
+        "int4": 0.5 + 4 / block + (0 if cfg.symmetric else 0.5 / block),
+        "int8-weight": 1 + 4 / block + (0 if cfg.symmetric else 1 / block),
+        "int8-dynamic": 1.0,
+        "int8-static": 1.0,
+    }.get(cfg.mode, 4.0)
+    vocab_per = cfg.vocab_bits / 8 + 4 / 128
+    return int(parent - 4 * (linear + table) + per * linear + vocab_per * table)
+
+
+def _elements(dims: Sequence[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def state_bytes(manifest: Manifest, options: dict[str, Any], context: int, batch: int) -> int:
+    """States and KV buffers of `batch` sequences of `context` tokens (KV at the candidate's dtype)."""
+    from ..graphs.contract import state_bytes_per_sequence
+
+    kv_scale = {"int8": 0.25, "float16": 0.5}.get(options.get("kv_dtype", "float32"), 1.0)
+    total = 0.0
+    for spec in manifest.pasts:
+        n = state_bytes_per_sequence(spec)
+        total += n * context * kv_scale if spec.is_kv else n
+    return int(total * batch)
+
+
+def machine() -> dict[str, Any]:
+    import onnxruntime
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "onnxruntime": onnxruntime.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def choose(
+    src: str | Path,
+    out: str | Path,
+    *,
+    budget_bytes: int | None = None,
+    context: int = 2048,
+    batch: int = 1,
+    gates: Gates = Gates(),
+    objective: str = "decode",
+    eval_text: str | Path | None = None,
+    calibration: Sequence[str | Path] = (),
+    only: Sequence[str] | None = None,
+    rounds: int = 3,
+    prompt_tokens: int = 128,
+    new_tokens: int = 64,
+    force: bool = False,
+    progress: Callable[[str], None] | None = None,
+    **options: Any,
+) -> Manifest:
+    """Build, measure and choose (module docstring); returns the written model's manifest.
+    options: QuantConfig fields every candidate shares (eval_tokens, agreement_prompts, ...)."""
+    from . import quantize
+
+    say = progress or (lambda msg: None)
+    src, out = Path(src), Path(out)
+    if objective not in OBJECTIVES:
+        raise QuantizationError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
+    if eval_text is None:
+        raise QuantizationError("--auto measures each candidate's quality: give --eval-text FILE (held-out text)")
+    if out.exists() and not force:
+        raise QuantizationError(f"{out} exists; pass --force to replace it")
+    manifest = read_manifest(src)
+    t0 = time.perf_counter()
+    pool = candidates(manifest, only)
+    work = Path(tempfile.mkdtemp(prefix="hybridrt-auto-", dir=out.parent if out.parent.is_dir() else None))
+    try:
+        for i, c in enumerate(pool, 1):
+            c.state_bytes = state_bytes(manifest, c.options, context, batch)
+            c.estimated_bytes = estimate_weights(src, manifest, c.options)
+            if budget_bytes is not None and c.estimated_bytes + c.state_bytes > budget_bytes:
+                c.status, c.why = "dropped", _over(c.estimated_bytes + c.state_bytes, budget_bytes, "estimated")
+                say(f"[{i}/{len(pool)}] {c.name}: not built, {c.why}")
+                continue
+            if c.options and not calibration and QuantConfig.from_kwargs(**c.options).needs_text:
+                c.status, c.why = "dropped", "calibrates on text: give --calibration FILE (apart from --eval-text)"
+                say(f"[{i}/{len(pool)}] {c.name}: not built, {c.why}")
+                continue
+            say(f"[{i}/{len(pool)}] {c.name}: building and measuring its quality ({_elapsed(t0)})")
+            _build(quantize, src, work, c, eval_text, calibration, options)
+            if budget_bytes is not None and (c.weight_bytes or 0) + c.state_bytes > budget_bytes:
+                c.status, c.why = "dropped", _over((c.weight_bytes or 0) + c.state_bytes, budget_bytes, "measured")
+                continue
+            failed = gates.failures(c.report or {})
+            if failed:
+                c.status, c.why = "dropped", "gate: " + "; ".join(failed)
+                continue
+            c.status = "passed"
+        passed = [c for c in pool if c.status == "passed"]
+        if not passed:
+            lines = "; ".join(f"{c.name}: {c.why}" for c in pool)
+            raise QuantizationError(f"no candidate fits the budget and passes every gate, nothing written: {lines}")
+        if objective != "size" and len(passed) > 1:
+            say(f"measuring speed of {len(passed)} candidates, {rounds} rounds ({_elapsed(t0)})")
+            _measure_speed(passed, rounds, prompt_tokens, new_tokens)
+        winner = min(passed, key=lambda c: _cost(c, objective))
+        winner.status, winner.why = "chosen", _why(winner, passed, objective)
+        for c in passed:
+            if c is not winner:
+                c.why = f"passed; {_cost_text(c, objective)} against the chosen {_cost_text(winner, objective)}"
+        plan = {
+            "version": PLAN_VERSION,
+            "source": {"path": str(src), "files": manifest.files},
+            "machine": machine(),
+            "budget_bytes": budget_bytes,
+            "context": context,
+            "batch": batch,
+            "objective": objective,
+            "gates": gates.__dict__,
+            "eval_text": _text_record(eval_text),
+            "calibration": [_text_record(p) for p in calibration],
+            "shared_options": options,
+            "chosen": winner.name,
+            "chosen_options": winner.options,
+            "candidates": [c.record() for c in pool],
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+        assert winner.directory is not None
+        written = _write(winner.directory, out, plan, move=bool(winner.options))
+        say(f"chose {winner.name} ({winner.why}); wrote {out} in {_elapsed(t0)}")
+        return written
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def replay(
+    src: str | Path,
+    out: str | Path,
+    plan_path: str | Path,
+    *,
+    force: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Manifest:
+    """Write the plan's chosen candidate from `src` again, measuring nothing new to choose: the
+    same options and texts (checked by content), so the same graph."""
+    from . import quantize
+
+    src, out, plan_path = Path(src), Path(out), Path(plan_path)
+    try:
+        plan = json.loads(plan_path.read_text())
+    except (OSError, ValueError) as e:
+        raise QuantizationError(f"cannot read the plan {plan_path}: {e}") from None
+    if plan.get("version") != PLAN_VERSION or "chosen_options" not in plan:
+        raise QuantizationError(f"{plan_path} is not a hybridrt quantization plan (version {PLAN_VERSION})")
+    texts = [plan["eval_text"], *plan["calibration"]]
+    for record in texts:
+        if record is not None and _text_record(record["path"]) != record:
+            raise QuantizationError(
+                f"{record['path']} is not the text the plan measured on (its sha256 differs or it is gone)"
+            )
+    if out.exists() and not force:
+        raise QuantizationError(f"{out} exists; pass --force to replace it")
+    options = plan["chosen_options"]
+    work = Path(tempfile.mkdtemp(prefix="hybridrt-plan-", dir=out.parent if out.parent.is_dir() else None))
+    try:
+        if not options:
+            directory = src
+        else:
+            directory = work / "chosen"
+            quantize(
+                src,
+                directory,
+                calibration=[r["path"] for r in plan["calibration"]],
+                eval_text=plan["eval_text"]["path"] if plan["eval_text"] else None,
+                progress=progress,
+                **plan["shared_options"] | options,
+            )
+        return _write(directory, out, plan | {"replayed": True}, move=bool(options))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _build(
+    quantize: Any,
+    src: Path,
+    work: Path,
+    c: Candidate,
+    eval_text: str | Path,
+    calibration: Sequence[str | Path],
+    options: dict[str, Any],
+) -> None:
+    if not c.options:  # the source is the reference the others are measured against
+        c.directory, c.weight_bytes = src, c.estimated_bytes
+        c.report = {"ppl_ratio": 1.0, "nll_delta": 0.0, "mean_kl": 0.0, "greedy_agreement": 1.0}
+        return
+    c.directory = work / c.name.replace("+", "_")
+    manifest = quantize(src, c.directory, calibration=calibration, eval_text=eval_text, **options | c.options)
+    q = manifest.quantization or {}
+    c.report = q["report"]
+    c.weight_bytes = int(q["size"]["bytes"])
+
+
+def _measure_speed(passed: list[Candidate], rounds: int, prompt_tokens: int, new_tokens: int) -> None:
+    """`hybridrt bench`'s workload (random ids above the special tokens, greedy, never stopped
+    early) on each candidate in turn, `rounds` times; medians of decode tokens/s and prefill ms."""
+    from ..runtime import load
+    from ..runtime.evaluate import bench_rows
+
+    models = [load(c.directory, "cpu") for c in passed if c.directory is not None]
+    rows = bench_rows([m.manifest for m in models], 1, prompt_tokens, seed=0)
+    settings: dict[str, Any] = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False}
+    for m in models:
+        m.generate(rows, **settings | {"max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
+    runs: list[list[tuple[float, float]]] = [[] for _ in models]
+    for _ in range(rounds):
+        for i, m in enumerate(models):
+            _, stats = m.generate_with_stats(rows, **settings)
+            runs[i].append((stats.prefill_ms, stats.decode_tokens_per_s))
+    for c, r in zip(passed, runs):
+        c.speed = {
+            "decode_tokens_per_s": statistics.median(x[1] for x in r),
+            "prefill_ms": statistics.median(x[0] for x in r),
+            "rounds": rounds,
+            "prompt_tokens": prompt_tokens,
+            "new_tokens": new_tokens,
+        }
+
+
+def _cost(c: Candidate, objective: str) -> float:
+    if objective == "size" or not c.speed:
+        return float((c.weight_bytes or 0) + c.state_bytes)
+    return -c.speed["decode_tokens_per_s"] if objective == "decode" else c.speed["prefill_ms"]
+
+
+def _cost_text(c: Candidate, objective: str) -> str:
+    if objective == "size" or not c.speed:
+        return f"{((c.weight_bytes or 0) + c.state_bytes) / 2**20:.1f} MiB"
+    if objective == "decode":
+        return f"{c.speed['decode_tokens_per_s']:.1f} decode tok/s"
+    return f"{c.speed['prefill_ms']:.1f} ms prefill"
+
+
+def _why(winner: Candidate, passed: list[Candidate], objective: str) -> str:
+    what = {"decode": "fastest decode", "prefill": "fastest prefill", "size": "smallest"}[objective]
+    return f"{what} of the {len(passed)} that fit and pass the gates: {_cost_text(winner, objective)}"
+
+
+def _over(need: int, budget: int, how: str) -> str:
+    return f"{how} {need / 2**20:.1f} MiB > budget {budget / 2**20:.1f} MiB"
+
+
+def _elapsed(t0: float) -> str:
+    return f"{time.perf_counter() - t0:.0f} s so far"
+
+
+def _text_record(path: str | Path) -> dict[str, Any]:
+    import hashlib
+
+    p = Path(path)
+    try:
+        digest = hashlib.sha256(p.read_bytes()).hexdigest()
+    except OSError:
+        digest = None
+    return {"path": str(p), "sha256": digest}
+
+
+def _write(directory: Path, out: Path, plan: dict[str, Any], move: bool) -> Manifest:
+    """The chosen directory's files at `out` (atomically; moved from a built candidate, copied
+    from the source) with the plan in plan.json and in the manifest's quantization record."""
+    manifest = read_manifest(directory)
+    with atomic_directory(out, QuantizationError) as tmp:
+        for f in directory.iterdir():
+            if f.is_file() and f.name != PLAN_FILE:
+                (shutil.move if move else shutil.copy2)(f, tmp / f.name)
+        (tmp / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
+        manifest.quantization = (manifest.quantization or {}) | {"plan": _summary(plan)}
+        manifest.write(tmp)
+    return manifest
+
+
+def _summary(plan: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "chosen": plan["chosen"],
+        "objective": plan["objective"],
+        "budget_bytes": plan["budget_bytes"],
+        "gates": plan["gates"],
+        "candidates": len(plan["candidates"]),
+        "file": PLAN_FILE,
+        "replayed": plan.get("replayed", False),
+    }

@@ -1,0 +1,118 @@
+"""`hybridrt quantize --auto` on the shipped default model: a budget that admits only int4 picks
+int4 (int8 never built), a gate int4 fails picks int8, gates nothing passes name each candidate's
+failing figure and write nothing, the chosen model passes its gates when measured again, and a
+plan replayed on a clean directory writes the same graph byte for byte."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from exports import REPORT
+
+import hybridrt
+from hybridrt.errors import QuantizationError
+from hybridrt.quantization.auto import FLOAT, Gates, choose, estimate_weights, state_bytes
+from hybridrt.quantization.config import QuantConfig
+from hybridrt.quantization.report import quality_report
+
+PAIR = ["int4-mse-b32", "int8-dynamic"]
+QUICK = REPORT | {"agreement_tokens": 16}
+
+
+def _choose(src: Path, out: Path, text: Path, **kwargs: Any) -> dict[str, Any]:
+    choose(src, out, eval_text=text, only=kwargs.pop("only", PAIR), rounds=1, new_tokens=8, **QUICK, **kwargs)
+    return json.loads((out / "plan.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def unbudgeted(default_onnx: Path, text_file: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Both candidates built and measured, no budget, no gate."""
+    out = tmp_path_factory.mktemp("auto") / "any"
+    return _choose(default_onnx, out, text_file, only=[*PAIR, FLOAT]) | {"out": out}
+
+
+def test_estimates_are_the_built_sizes_and_states_follow_the_kv_dtype(
+    default_onnx: Path, unbudgeted: dict[str, Any]
+) -> None:
+    by_name = {c["name"]: c for c in unbudgeted["candidates"]}
+    for name in PAIR:
+        c = by_name[name]
+        assert abs(c["estimated_weight_bytes"] - c["weight_bytes"]) < 0.03 * c["weight_bytes"]
+    assert by_name[FLOAT]["weight_bytes"] > 3 * by_name["int4-mse-b32"]["weight_bytes"]
+    manifest = hybridrt.load(default_onnx).manifest
+    assert state_bytes(manifest, {"kv_dtype": "int8"}, 2048, 2) < state_bytes(manifest, {}, 2048, 2)
+    assert state_bytes(manifest, {}, 2048, 2) == 2 * state_bytes(manifest, {}, 2048, 1)
+    assert estimate_weights(default_onnx, manifest, {}) == by_name[FLOAT]["weight_bytes"]
+
+
+def test_a_budget_that_admits_only_int4_picks_int4_without_building_int8(
+    default_onnx: Path, text_file: Path, tmp_path: Path, unbudgeted: dict[str, Any]
+) -> None:
+    by_name = {c["name"]: c for c in unbudgeted["candidates"]}
+    int4, int8 = by_name["int4-mse-b32"]["total_bytes"], by_name["int8-dynamic"]["total_bytes"]
+    plan = _choose(default_onnx, tmp_path / "out", text_file, budget_bytes=(int4 + int8) // 2)
+    assert plan["chosen"] == "int4-mse-b32"
+    dropped = plan["candidates"][1]
+    assert dropped["status"] == "dropped" and dropped["why"].startswith("estimated") and dropped["weight_bytes"] is None
+    manifest = hybridrt.load(tmp_path / "out").manifest
+    assert manifest.quantization["mode"] == "int4" and manifest.quantization["plan"]["chosen"] == "int4-mse-b32"
+
+
+def test_a_gate_int4_fails_picks_int8_and_the_winner_passes_it_again(
+    default_onnx: Path, text_file: Path, tmp_path: Path, unbudgeted: dict[str, Any]
+) -> None:
+    kl = {c["name"]: c["quality"]["mean_kl"] for c in unbudgeted["candidates"]}
+    assert kl["int8-dynamic"] < kl["int4-mse-b32"]
+    gate = (kl["int8-dynamic"] + kl["int4-mse-b32"]) / 2
+    plan = _choose(default_onnx, tmp_path / "out", text_file, gates=Gates(max_kl=gate))
+    assert plan["chosen"] == "int8-dynamic"
+    assert plan["candidates"][0]["why"].startswith("gate: mean_kl")
+    again = quality_report(
+        hybridrt.load(default_onnx), hybridrt.load(tmp_path / "out"), text_file.read_text(), QuantConfig(**QUICK)
+    )
+    assert again["mean_kl"] <= gate
+
+
+def test_gates_nothing_passes_name_every_failure_and_write_nothing(
+    default_onnx: Path, text_file: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(QuantizationError) as e:
+        _choose(default_onnx, tmp_path / "out", text_file, gates=Gates(max_kl=1e-9))
+    for name in PAIR:
+        assert f"{name}: gate: mean_kl" in str(e.value)
+    assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_replayed_plan_writes_the_same_graph(unbudgeted: dict[str, Any], default_onnx: Path, tmp_path: Path) -> None:
+    out = tmp_path / "replayed"
+    done = subprocess.run(
+        [sys.executable, "-m", "hybridrt.cli", "quantize", str(default_onnx), "-o", str(out), "--plan"]
+        + [str(unbudgeted["out"] / "plan.json")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "chosen" in done.stdout and unbudgeted["chosen"] in done.stdout
+    chosen = unbudgeted["out"]
+    for f in chosen.iterdir():
+        if f.name.startswith("model.onnx"):
+            assert (out / f.name).read_bytes() == f.read_bytes()
+    shown = subprocess.run([sys.executable, "-m", "hybridrt.cli", "inspect", str(out)], capture_output=True, text=True)
+    assert f"plan       {unbudgeted['chosen']}, chosen by decode of 3 candidates" in shown.stdout
+
+
+def test_the_command_line_needs_one_way_and_the_eval_text(default_onnx: Path, tmp_path: Path) -> None:
+    base = [sys.executable, "-m", "hybridrt.cli", "quantize", str(default_onnx), "-o", str(tmp_path / "o")]
+    for extra, message in (
+        ([], "give one of --mode MODE, --auto, or --plan"),
+        (["--auto", "--mode", "int4"], "give one of --mode MODE, --auto, or --plan"),
+        (["--auto"], "--auto measures each candidate's quality: give --eval-text"),
+        (["--auto", "--eval-text", __file__, "--candidates", "int3"], "unknown candidate int3"),
+    ):
+        done = subprocess.run(base + extra, capture_output=True, text=True)
+        assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
