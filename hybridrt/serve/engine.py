@@ -409,10 +409,12 @@ class Engine:
             if len(pending) == 1:
                 req.draft.schedule.observe_step(time.perf_counter() - t_step)
             return
+        # Counted before the round: a request that finishes inside it is answered from there, and
+        # what a reader sees once it is answered must include its drafts.
+        self.metrics.drafted_tokens.inc(k)
         accepted, live = req.draft.round(
             self.batch, req.tokens_from, k, req.chooser, len(req.tokens), partial(self._emit, req)
         )
-        self.metrics.drafted_tokens.inc(k)
         self.metrics.accepted_tokens.inc(accepted)
         if not live:
             # Finished inside the round: the row is back to before the round's call.
