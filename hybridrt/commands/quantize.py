@@ -260,5 +260,5 @@ def plan_table(path: Path) -> str:
         size = "-" if c["total_bytes"] is None else f"{c['total_bytes'] / 2**20:.1f} MiB"
         figures = f"ppl x{q['ppl_ratio']:.4f} KL {q['mean_kl']:.2e} agree {q['greedy_agreement']:.2f}" if q else ""
         rate = f"{speed['decode_tokens_per_s']:.1f} tok/s" if speed else ""
-        lines.append(f"  {c['status']:8} {c['name']:24} {size:>11} {figures} {rate} | {c['why']}")
+        lines.append(f"  {c['status']:8} {c['name']:28} {size:>11} {figures} {rate} | {c['why']}")
     return "\n".join(lines)

@@ -239,7 +239,12 @@ def choose(
                 c.status, c.why = "dropped", "calibrates on text: give --calibration FILE (apart from --eval-text)"
                 say(f"[{i}/{len(pool)}] {c.name}: not built, {c.why}")
                 continue
-            say(f"[{i}/{len(pool)}] {c.name}: building and measuring its quality ({_elapsed(t0)})")
+            built = [x for x in pool[: i - 1] if x.report is not None and x.options]
+            left = ""
+            if built:  # the candidates built so far took this long each
+                each = (time.perf_counter() - t0) / len(built)
+                left = f", about {each * sum(1 for x in pool[i - 1 :] if x.options):.0f} s of building left"
+            say(f"[{i}/{len(pool)}] {c.name}: building and measuring its quality ({_elapsed(t0)}{left})")
             _build(quantize, src, work, c, eval_text, calibration, options)
             if budget_bytes is not None and (c.weight_bytes or 0) + c.state_bytes > budget_bytes:
                 c.status, c.why = "dropped", _over((c.weight_bytes or 0) + c.state_bytes, budget_bytes, "measured")
