@@ -116,3 +116,29 @@ def test_the_command_line_needs_one_way_and_the_eval_text(default_onnx: Path, tm
     ):
         done = subprocess.run(base + extra, capture_output=True, text=True)
         assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_recheck_measures_the_same_figures_and_says_when_a_gate_fails_now(
+    unbudgeted: dict[str, Any], default_onnx: Path, tmp_path: Path
+) -> None:
+    from hybridrt.quantization.auto import recheck
+
+    result = recheck(default_onnx, unbudgeted["out"])
+    chosen = next(c for c in unbudgeted["candidates"] if c["name"] == unbudgeted["chosen"])
+    assert result["holds"] and result["chosen"] == unbudgeted["chosen"]
+    for key, value in chosen["quality"].items():
+        assert result["quality"][key] == pytest.approx(value, rel=1e-9, abs=1e-12)
+    assert result["decode_tokens_per_s"] > 0 and result["machine"]["cores"] == unbudgeted["machine"]["cores"]
+    stricter = tmp_path / "stricter"  # the same model under a plan whose gate it does not meet
+    stricter.mkdir()
+    for f in unbudgeted["out"].iterdir():
+        (stricter / f.name).write_bytes(f.read_bytes())
+    plan = json.loads((stricter / "plan.json").read_text())
+    plan["gates"]["min_greedy_agreement"] = 1.01
+    (stricter / "plan.json").write_text(json.dumps(plan))
+    done = subprocess.run(
+        [sys.executable, "-m", "hybridrt.cli", "quantize", str(default_onnx), "-o", str(stricter), "--recheck"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1 and "no longer holds: greedy_agreement" in done.stdout, done.stderr

@@ -51,6 +51,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--plan", type=Path, metavar="PLAN_JSON", help="write a plan's chosen candidate again, measuring nothing"
     )
+    p.add_argument(
+        "--recheck",
+        action="store_true",
+        help="measure the model an --auto run wrote at -o again (quality against MODEL, speed) on this machine and "
+        "say whether its plan still holds (exit 1 if a gate fails now)",
+    )
     p.add_argument("--budget-mb", type=float, help="--auto: weights plus the states and KV of --context x --batch")
     p.add_argument("--context", type=int, default=2048, help="--auto: tokens per sequence the budget holds")
     p.add_argument("--batch", type=int, default=1, help="--auto: sequences the budget holds")
@@ -142,6 +148,9 @@ HQQ_NOTE = (
 def run(args: argparse.Namespace) -> int:
     from ..graphs.inspect import describe_vocab
     from .common import Ticker
+
+    if args.recheck:
+        return _recheck(args)
 
     with Ticker() as say:
         manifest = _quantize(args, say)
@@ -262,3 +271,31 @@ def plan_table(path: Path) -> str:
         rate = f"{speed['decode_tokens_per_s']:.1f} tok/s" if speed else ""
         lines.append(f"  {c['status']:8} {c['name']:28} {size:>11} {figures} {rate} | {c['why']}")
     return "\n".join(lines)
+
+
+def _recheck(args: argparse.Namespace) -> int:
+    from ..quantization.auto import recheck
+    from .common import Ticker, model_dir
+
+    if args.mode is not None or args.auto or args.plan is not None:
+        raise QuantizationError("--recheck measures an existing --auto output at -o; give it alone")
+    with Ticker() as say:
+        result = recheck(model_dir(args.model), args.output, progress=say)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        q, was = result["quality"], result["planned_quality"] or {}
+        rate, planned = result["decode_tokens_per_s"], result["planned_decode_tokens_per_s"]
+        speed = (
+            f"{rate:.1f} decode tok/s (plan: {planned:.1f}, x{result['speed_ratio']:.2f})"
+            if rate
+            else "speed not planned"
+        )
+        verdict = "holds" if result["holds"] else "no longer holds: " + "; ".join(result["failures"])
+        print(
+            f"{result['chosen']}: {verdict} "
+            f"| ppl x{q['ppl_ratio']:.4f} (plan x{was.get('ppl_ratio', float('nan')):.4f}), KL {q['mean_kl']:.2e} "
+            f"(plan {was.get('mean_kl', float('nan')):.2e}) | {speed} | on {result['machine']['cpu']} "
+            f"(plan: {result['planned_machine']['cpu']})"
+        )
+    return 0 if result["holds"] else 1

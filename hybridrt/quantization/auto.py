@@ -15,7 +15,8 @@ quality gates, chosen by measurement on this machine, and the decision kept as a
    every passing candidate in turn within each round (the machine is noisy), medians; or size.
 5. The winner is written to `out` with `plan.json` (and the plan in hybridrt.json): every
    candidate with its sizes, figures and why it was dropped or chosen, the machine, the gates.
-   `replay(src, out, plan)` writes the chosen candidate again without measuring anything.
+   `replay(src, out, plan)` writes the chosen candidate again without measuring anything;
+   `recheck(src, out)` measures the written model again and says whether the plan still holds.
 """
 
 from __future__ import annotations
@@ -336,6 +337,56 @@ def replay(
         return _write(directory, out, plan | {"replayed": True}, move=bool(options))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def recheck(src: str | Path, directory: str | Path, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure the model an --auto run wrote in `directory` again, on this machine, against its
+    float source `src`: its quality on the plan's eval text (checked by sha256) against the plan's
+    gates, and its speed by the plan's workload beside the speed the plan recorded. `holds` is
+    whether every gate still passes."""
+    from ..runtime import load
+    from .report import quality_report
+
+    say = progress or (lambda msg: None)
+    src, directory = Path(src), Path(directory)
+    try:
+        plan = json.loads((directory / PLAN_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise QuantizationError(f"{directory} has no readable {PLAN_FILE} (write it with --auto): {e}") from None
+    text = plan["eval_text"]
+    if text is None or _text_record(text["path"]) != text:
+        raise QuantizationError(f"the plan's eval text {text and text['path']} is gone or changed; recheck needs it")
+    chosen = next(c for c in plan["candidates"] if c["name"] == plan["chosen"])
+    say(f"measuring {plan['chosen']}'s quality against {src}")
+    cfg = QuantConfig.from_kwargs(**({"mode": "int4"} | plan["shared_options"]))
+    if chosen["options"]:
+        from .calibration import head, read_texts
+
+        parent = load(src, "cpu")
+        # The held-out text as quantize() cut it for the plan's report: the first eval_tokens tokens.
+        held_out = head(parent.tokenizer, "\n\n".join(read_texts([Path(text["path"])])), cfg.eval_tokens)
+        report = quality_report(parent, load(directory, "cpu"), held_out, cfg)
+    else:
+        report = {"ppl_ratio": 1.0, "nll_delta": 0.0, "mean_kl": 0.0, "greedy_agreement": 1.0}
+    failures = Gates(**plan["gates"]).failures(report)
+    planned = chosen["speed"] or {}
+    again = Candidate(plan["chosen"], chosen["options"], directory=directory)
+    if planned:
+        say("measuring its speed with the plan's workload")
+        _measure_speed([again], planned["rounds"], planned["prompt_tokens"], planned["new_tokens"])
+    rate = again.speed.get("decode_tokens_per_s")
+    return {
+        "chosen": plan["chosen"],
+        "holds": not failures,
+        "failures": failures,
+        "quality": {k: report[k] for k in ("ppl_ratio", "nll_delta", "mean_kl", "greedy_agreement")},
+        "planned_quality": chosen["quality"],
+        "decode_tokens_per_s": rate,
+        "planned_decode_tokens_per_s": planned.get("decode_tokens_per_s"),
+        "speed_ratio": None if not planned or not rate else rate / planned["decode_tokens_per_s"],
+        "machine": machine(),
+        "planned_machine": plan["machine"],
+    }
 
 
 def _build(
