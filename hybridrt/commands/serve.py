@@ -72,6 +72,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="prompt tokens between stored states inside long prompts (default: about 16 a prompt, by its length)",
     )
     p.add_argument(
+        "--cache-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="how cached states are kept: exact (float32), or bfloat16 at half the bytes (resumed requests close "
+        "to, not equal to, cold ones)",
+    )
+    p.add_argument(
         "--chat-template",
         help="a Jinja chat template file for /v1/chat/completions, over the one in the model's tokenizer config",
     )
@@ -123,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         args.cache_dir,
         None if args.cache_disk_mb is None else int(args.cache_disk_mb * 2**20),
         args.cache_spacing,
+        args.cache_dtype,
     )
     config = _serve_config(args, next(iter(served)))
     draft = None if args.assistant is None else model_dir(args.assistant, isolated=True)

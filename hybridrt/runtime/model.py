@@ -240,14 +240,21 @@ class Model:
         directory: str | Path | None = None,
         disk_bytes: int | None = None,
         spacing: int | None = None,
+        stored: str = "float32",
     ) -> StateCache:
         """A prefix state cache for this model (hybridrt.runtime.prefix_cache): pass it to
         generate, stream or session. memory_bytes: its budget (default: a quarter of the memory
         available now); directory: a disk tier that outlives the process; disk_bytes: that
         tier's cap (default: half its free space); spacing: tokens between states stored
-        inside long prompts (default: about 16 a prompt, by its length)."""
+        inside long prompts (default: about 16 a prompt, by its length); stored: "bfloat16"
+        keeps float32 states at half the bytes (resumed requests close to, not equal to, cold ones)."""
         return StateCache.for_model(
-            self, memory_bytes=memory_bytes, directory=directory, disk_bytes=disk_bytes, spacing=spacing
+            self,
+            memory_bytes=memory_bytes,
+            directory=directory,
+            disk_bytes=disk_bytes,
+            spacing=spacing,
+            stored=stored,
         )
 
     def _check_cache(

@@ -10,6 +10,12 @@ back when a lookup needs it) instead of vanishing, within its own byte cap; a se
 on the same directory finds them again. Files live under the model's identity (a hash of every
 file the export lists and of its state specs): another model never reads them. A directory
 that cannot be written turns the disk tier off with a warning; no request fails for it.
+
+States are stored exact by default. `stored="bfloat16"` (opt-in) keeps float32 states and KV
+as bfloat16 (round to nearest even; half the bytes, so twice the conversations in a budget) and
+widens them back on a hit: a resumed request is then close to a cold one, not equal to it
+(`scripts/bench_state_dtype.py` measures how close). Such entries live apart on disk (their own
+directory under the model's identity), so an exact cache never reads them.
 """
 
 from __future__ import annotations
@@ -34,6 +40,18 @@ from .state_files import StateFiles, identity
 log = logging.getLogger("hybridrt.cache")
 
 MEMORY_SHARE = 0.25
+STORED = ("float32", "bfloat16")  # how states are kept: as the graph has them, or float32 as bfloat16
+
+
+def to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (uint16), rounded to nearest even."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (uint16) -> float32."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def available_memory() -> int:
@@ -95,6 +113,7 @@ class StateCache:
     """See the module docstring. `pasts` are the model's state specs, `owner` its identity.
 
     memory_bytes: None for MEMORY_SHARE of the available memory, 0 to store nothing.
+    stored: "float32" (exact, the default) or "bfloat16" (float32 states kept at half the bytes).
     directory: the disk tier's root (None: memory only; runtime.state_files); disk_bytes: its cap (None: DISK_SHARE
     of the free space there). spacing: tokens between checkpoints inside prompts (None: from
     each prompt's length and the state sizes, see spacing_for; 0: none)."""
@@ -107,12 +126,16 @@ class StateCache:
         directory: str | Path | None = None,
         disk_bytes: int | None = None,
         spacing: int | None = None,
+        stored: str = "float32",
     ) -> None:
+        if stored not in STORED:
+            raise GenerationError(f"stored must be one of {', '.join(STORED)}, got {stored!r}")
         for name, value in (("memory_bytes", memory_bytes), ("disk_bytes", disk_bytes), ("spacing", spacing)):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise GenerationError(f"{name} must be an integer >= 0 or None, got {value!r}")
         self.pasts = list(pasts)
         self.owner = owner
+        self.stored = stored
         self.recurrent = any(not s.is_kv for s in self.pasts)
         self.memory_bytes = int(MEMORY_SHARE * available_memory()) if memory_bytes is None else memory_bytes
         self.spacing = spacing  # None: spacing_for each prompt
@@ -182,6 +205,8 @@ class StateCache:
                 if read is None:
                     continue
                 states, logits = read
+                if self.stored == "bfloat16":
+                    states = [from_bfloat16(x) if x.dtype == np.uint16 else x for x in states]
                 if length < entry.length:  # KV only: cut to the agreeing prefix
                     states = [_fit(x, s, length) for s, x in zip(self.pasts, states)]
                 logits = logits if length == len(tokens) == entry.length else None
@@ -199,7 +224,10 @@ class StateCache:
         if snapshot.length != len(tokens):
             raise ValueError(f"a snapshot of {snapshot.length} tokens stored under {len(tokens)}")
         row_logits = None if logits is None else np.array(logits[:1], dtype=np.float32)
-        nbytes = snapshot.nbytes + (0 if row_logits is None else row_logits.nbytes)
+        states = list(snapshot.states)
+        if self.stored == "bfloat16":
+            states = [to_bfloat16(x) if x.dtype == np.float32 else x for x in states]
+        nbytes = sum(x.nbytes for x in states) + (0 if row_logits is None else row_logits.nbytes)
         if nbytes > self.memory_bytes and (self.files is None or nbytes > self.files.cap):
             return  # it would leave at once
         with self.lock:
@@ -214,7 +242,7 @@ class StateCache:
                 node,
                 nbytes,
                 len(tokens) * self.seconds_per_token,
-                list(snapshot.states),
+                states,
                 row_logits,
                 row_logits is not None,
             )
@@ -277,7 +305,8 @@ class StateCache:
 
     def _open(self, root: Path, disk_bytes: int | None) -> None:
         try:
-            self.files = StateFiles.open(root, self.owner, disk_bytes)
+            owner = self.owner if self.stored == "float32" else f"{self.owner}-{self.stored}"
+            self.files = StateFiles.open(root, owner, disk_bytes)
         except OSError as e:
             return self._warn(f"the cache directory {root} cannot be written ({e}); states stay in memory only")
         for record in self.files.records():

@@ -213,13 +213,15 @@ class Engine:
             directory=c.cache_dir,
             disk_bytes=c.cache_disk_bytes,
             spacing=c.cache_spacing,
+            stored=c.cache_stored,
         )
         files = cache.files
         disk = "" if files is None else f", disk tier {files.where} up to {files.cap / 2**20:.0f} MiB"
         log.info(
-            "prefix state cache: %.0f MiB of memory%s; %s",
+            "prefix state cache: %.0f MiB of memory%s%s; %s",
             cache.memory_bytes / 2**20,
             disk,
+            "" if cache.stored == "float32" else f", states kept as {cache.stored}",
             "no checkpoints inside prompts (no recurrent state)"
             if not cache.recurrent
             else f"a checkpoint every {cache.spacing} prompt tokens"
