@@ -4,7 +4,7 @@ python scripts/check_long_parity.py [--lengths 1 37 300 2048] [--steps 1000] [FA
 
 Builds each family's tiny random checkpoint (tests/family_checkpoints.py, max length raised to
 4,096 where the config has one), exports it (fused operators, the default), and measures the
-export's parity report (hybridrt.export.validate.measure_parity) at the given prompt lengths
+export's parity report (hybridrt.export.parity.measure_parity) at the given prompt lengths
 and over `--steps` decode steps from states whose rows have seen different numbers of tokens,
 each side carrying its own states. Prints one row per family; exits 1 if any is above 1e-4.
 """
@@ -25,7 +25,7 @@ def main() -> int:
     from family_checkpoints import BUILDERS
 
     import hybridrt
-    from hybridrt.export.validate import TOLERANCE, measure_parity, ort_runner
+    from hybridrt.export.parity import TOLERANCE, measure_parity, ort_runner
     from hybridrt.models.loading.checkpoint import load_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

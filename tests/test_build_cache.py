@@ -30,7 +30,7 @@ def _copy_package(tmp_path: Path) -> Path:
         "export/fuse.py",  # an export pass
         "export/streamed.py",
         "quantization/methods.py",
-        "runtime/validate.py",
+        "runtime/input_checks.py",
         "kinds.py",
     ],
 )

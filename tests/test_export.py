@@ -15,8 +15,8 @@ from checkpoints import make_jamba
 
 import hybridrt
 from hybridrt.export.onnx_export import checked_graph
+from hybridrt.export.parity import measure_parity, ort_runner, torch_runner
 from hybridrt.export.trace import GraphModule, feeds
-from hybridrt.export.validate import measure_parity, ort_runner, torch_runner
 from hybridrt.graphs.contract import GraphContract
 from hybridrt.graphs.manifest import read_manifest
 from hybridrt.models.loading.checkpoint import load_model

@@ -172,7 +172,7 @@ def test_prompts(model: Any) -> None:
 
 
 def test_a_batch_over_the_memory_limit_runs_in_batches_that_fit(model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hybridrt.runtime.validate import row_bytes
+    from hybridrt.runtime.input_checks import row_bytes
 
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14], [15, 16, 17, 18]]
     alone = [model.generate(p, max_new_tokens=6, eos_token_id=[]) for p in prompts]

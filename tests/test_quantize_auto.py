@@ -17,7 +17,7 @@ from exports import REPORT
 import hybridrt
 from hybridrt.errors import QuantizationError
 from hybridrt.quantization.auto import FLOAT, Gates, choose, estimate_weights, state_bytes
-from hybridrt.quantization.config import QuantConfig
+from hybridrt.quantization.modes import QuantConfig
 from hybridrt.quantization.report import quality_report
 
 PAIR = ["int4-mse-b32", "int8-dynamic"]

@@ -73,7 +73,7 @@ def test_the_streamed_parity_check_catches_a_wrong_weight(granite: Path, exporte
     not vacuous: one layer's output projection scaled by 1.01 in the graph fails it."""
     from onnx import numpy_helper
 
-    from hybridrt.export.validate import measure_parity_streamed
+    from hybridrt.export.parity import measure_parity_streamed
     from hybridrt.models.loading.checkpoint import open_weights
 
     model = onnx.load(str(exported / "model.onnx"))

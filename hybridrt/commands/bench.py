@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ..runtime.validate import SCHEDULES
+from ..runtime.input_checks import SCHEDULES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -37,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     from ..default_model import cached_export_dir, ensure_exported
     from ..runtime import load
+    from ..runtime.input_checks import check_text
     from ..runtime.sampling import GenerationConfig
-    from ..runtime.validate import check_text
 
     # The flags are checked before the export, which takes a while.
     check_text([args.prompt])

@@ -42,8 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="keep each RMSNorm as plain operators (by default they become onnxruntime's fused "
         "SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization)",
     )
-    from ..quantization.config import QuantConfig
     from ..quantization.direct import DIRECT_MODES
+    from ..quantization.modes import QuantConfig
     from .quantize import BLOCK_SIZE_NOTE
 
     DEFAULTS = QuantConfig()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import QuantizationError
 from ..quantization.auto import OBJECTIVES
-from ..quantization.config import ALGOS, CALIB_METHODS, KV_DTYPES, MODES, QuantConfig
+from ..quantization.modes import ALGOS, CALIB_METHODS, KV_DTYPES, MODES, QuantConfig
 
 if TYPE_CHECKING:
     from ..graphs.manifest import Manifest

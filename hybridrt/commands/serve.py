@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..serve.config import EngineConfig, ServeConfig
+from ..serve.settings import EngineConfig, ServeConfig
 
 ENGINE = EngineConfig()
 SERVE = ServeConfig()

@@ -52,7 +52,6 @@ from typing import Any
 from ..errors import GenerationError, GenerationTimeout, GraphError
 from ..serve import openai
 from ..serve.chat import chat_params, chat_template
-from ..serve.config import ServeConfig
 from ..serve.grammar import Matcher, matchers
 from ..serve.logprobs import TokenText, rescore, shape
 from ..serve.protocol import (
@@ -66,6 +65,7 @@ from ..serve.protocol import (
     parse_json,
 )
 from ..serve.request_log import HEADER, LOGGER, RequestRecord, configure, request_id, write
+from ..serve.settings import ServeConfig
 from ..serve.tool_parse import CallParser
 from ..serve.tools import with_markers
 

@@ -23,7 +23,7 @@ from ..graphs.files import atomic_directory, copy_tokenizer
 from ..graphs.manifest import GRAPH_FILES, Manifest
 from ..models.decoder import HybridForCausalLM
 from ..models.loading.checkpoint import load_model
-from ..runtime.validate import as_path
+from ..runtime.input_checks import as_path
 from .trace import GraphModule, dynamic_shapes, example_inputs
 
 FORMATS = tuple(GRAPH_FILES)
@@ -107,7 +107,7 @@ def _write(
     say: Callable[[str], None],
 ) -> Manifest:
     """TorchScript or pt2: the whole model traced at once (PyTorch users load it whole anyway)."""
-    from . import validate as val
+    from . import parity as val
     from .torch_export import load_torch_graph
 
     contract = GraphContract.of(model.config)  # the one contract this export traces, describes and checks
@@ -153,7 +153,7 @@ def _write_onnx(
     from ..graphs.in_place import in_place_states
     from ..models.loading.checkpoint import open_weights
     from ..models.loading.weights import numel
-    from . import validate as val
+    from . import parity as val
     from .onnx_export import checked_graph
     from .streamed import write_graph
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import QuantizationError
-from .config import ALGOS, CALIB_METHODS, MODES, QuantConfig
+from .modes import ALGOS, CALIB_METHODS, MODES, QuantConfig
 from .selection import DEFAULT_KEEP_FLOAT, KeepFloat
 
 if TYPE_CHECKING:

@@ -22,12 +22,12 @@ from ..errors import QuantizationError
 from ..graphs.files import atomic_directory, copy_tokenizer, save_onnx
 from ..graphs.in_place import in_place_states
 from ..graphs.manifest import Manifest, read_manifest
+from ..runtime.input_checks import as_path, as_paths
 from ..runtime.text import TOKENIZER
-from ..runtime.validate import as_path, as_paths
 from . import kv_cache, methods, rewrites
 from .calibration import CalibrationReader, calibration_feeds, head, read_texts, split_text
-from .config import WEIGHT_BITS, QuantConfig
 from .graph_pass import quantize_graph
+from .modes import WEIGHT_BITS, QuantConfig
 from .report import finite, quality_report
 from .selection import NodeSelection, select_nodes
 

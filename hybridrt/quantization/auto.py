@@ -36,7 +36,7 @@ from typing import Any
 from ..errors import QuantizationError
 from ..graphs.files import atomic_directory
 from ..graphs.manifest import Manifest, read_manifest
-from .config import QuantConfig
+from .modes import QuantConfig
 
 PLAN_FILE = "plan.json"
 PLAN_VERSION = 1

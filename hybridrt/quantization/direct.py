@@ -19,8 +19,8 @@ from typing import Any
 
 from ..errors import QuantizationError
 from . import rewrites
-from .config import QuantConfig
 from .graph_pass import quantize_graph
+from .modes import QuantConfig
 from .selection import NodeSelection, select_nodes
 
 DIRECT_MODES = ("int4", "int8-weight", "int8-dynamic")

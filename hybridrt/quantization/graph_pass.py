@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import methods, rewrites
-from .config import INT8_BLOCK, WEIGHT_BITS, QuantConfig
+from .modes import INT8_BLOCK, WEIGHT_BITS, QuantConfig
 from .moe import moe_nodes, quantize_moe
 from .selection import NodeSelection
 from .vocab import quantize_vocab

@@ -51,7 +51,7 @@ import numpy as np
 
 from ..errors import QuantizationError
 from ..graphs.contract import present_name
-from .config import QUANTIZED_OP_TYPES
+from .modes import QUANTIZED_OP_TYPES
 
 if TYPE_CHECKING:  # calibration imports onnxruntime.quantization, which this module loads on first use
     from .calibration import CalibrationReader

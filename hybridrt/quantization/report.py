@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime.evaluate import log_softmax, ort_logits_fn, score_text, scored_windows
-from .config import QuantConfig
+from .modes import QuantConfig
 
 
 def quality_report(parent: Any, quant: Any, text: str, cfg: QuantConfig) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from ..kinds import LAYER_KINDS
-from .config import QUANTIZED_OP_TYPES, QuantConfig
+from .modes import QUANTIZED_OP_TYPES, QuantConfig
 from .moe import expert_block, moe_nodes
 from .rewrites import constant_weights
 from .vocab import VocabNodes, find_vocab_nodes

@@ -16,13 +16,13 @@ from . import decode as dec
 from .beam import beam_search
 from .bound import BoundStepper
 from .evaluate import evaluate
+from .input_checks import check_eos_ids, check_memory, rows_that_fit
 from .prefix_cache import StateCache
 from .sampling import GenerationConfig
 from .speculative import Draft, check_draft, speculate
 from .state import PlainStepper, Stepper
 from .state_files import identity
 from .text import Prompts, StreamDecoder, as_prompts, decode, need_tokenizer, stop_check
-from .validate import check_eos_ids, check_memory, rows_that_fit
 
 Output = str | list[str] | list[int] | list[list[int]] | list[list[str]] | list[list[list[int]]]
 BEAMS_NEED_GENERATE = "beam search needs the whole sequence before it answers; use generate()"

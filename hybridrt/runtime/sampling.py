@@ -113,8 +113,8 @@ class GenerationConfig:
 
     def validate(self) -> None:
         """Raise GenerationError on any value that cannot work, before any work is done
-        (types and ranges: hybridrt.runtime.validate)."""
-        from .validate import check_config
+        (types and ranges: hybridrt.runtime.input_checks)."""
+        from .input_checks import check_config
 
         check_config(self)
 

@@ -68,7 +68,7 @@ def _ids(p: Sequence[int], vocab: int) -> list[int]:
 
 
 def encode(texts: list[str], tokenizer: Any | None, add_special_tokens: bool = True) -> list[list[int]]:
-    from .validate import check_text
+    from .input_checks import check_text
 
     check_text(texts)
     rows = [e.ids for e in need_tokenizer(tokenizer).encode_batch(texts, add_special_tokens=add_special_tokens)]

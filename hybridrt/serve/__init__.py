@@ -4,7 +4,7 @@ never imports torch. The settings (`EngineConfig`, `ServeConfig`) import without
 
 from typing import Any
 
-from .config import EngineConfig, ServeConfig
+from .settings import EngineConfig, ServeConfig
 
 __all__ = ["Engine", "EngineConfig", "ServeConfig", "create_app"]
 

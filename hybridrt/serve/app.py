@@ -30,7 +30,6 @@ from ..errors import GenerationError
 from ..runtime.model import Model
 from . import openai
 from .chat import ChatTemplate, chat_params
-from .config import ServeConfig
 from .engine import Engine, EngineBusy, EngineClosed
 from .jobs import Job
 from .metrics import CONTENT_TYPE, ServerMetrics, render
@@ -40,6 +39,7 @@ from .page import routes as page_routes
 from .protocol import CHAT_FIELDS, COMPLETION_FIELDS, ApiError, Params, check_fields, completion_params, parse_json
 from .request_log import HEADER, RequestRecord, request_id, write
 from .routes import ROUTE_HEADER, USER_HEADER, LengthRoute, ServedRoute, check_routes
+from .settings import ServeConfig
 from .sse import EventStream, full_body
 
 ROUTES = ("/health", "/metrics", "/openapi.json", "/v1/models", "/v1/completions", "/v1/chat/completions")

@@ -59,10 +59,10 @@ from ..runtime.prefix_plan import DENSITY, MIN_BRANCH, chunk_end
 from ..runtime.radix import common_prefix
 from ..runtime.speculative import Chooser, Draft, check_draft, draft_length
 from ..runtime.state import Stepper
-from .config import EngineConfig
 from .logprobs import TokenLogprob, prompt_scores
 from .metrics import Metrics
 from .request import Request, Update
+from .settings import EngineConfig
 
 __all__ = ["Engine", "EngineBusy", "EngineClosed", "EngineConfig", "Request", "Update"]
 

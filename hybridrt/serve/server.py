@@ -20,9 +20,9 @@ from typing import Any
 from ..errors import GenerationError
 from ..runtime.model import Model
 from .app import create_app
-from .config import EngineConfig, ServeConfig
 from .engine import Engine
 from .routes import ServedRoute, check_routes
+from .settings import EngineConfig, ServeConfig
 
 GRACEFUL_SHUTDOWN_S = 30
 
