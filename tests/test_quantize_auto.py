@@ -60,7 +60,7 @@ def test_a_budget_that_admits_only_int4_picks_int4_without_building_int8(
     dropped = plan["candidates"][1]
     assert dropped["status"] == "dropped" and dropped["why"].startswith("estimated") and dropped["weight_bytes"] is None
     manifest = hybridrt.load(tmp_path / "out").manifest
-    assert manifest.quantization["mode"] == "int4" and manifest.quantization["plan"]["chosen"] == "int4-mse-b32"
+    assert manifest.quantization["mode"] == "int4" and manifest.provenance["plan"]["chosen"] == "int4-mse-b32"
 
 
 def test_a_gate_int4_fails_picks_int8_and_the_winner_passes_it_again(
@@ -103,7 +103,7 @@ def test_a_replayed_plan_writes_the_same_graph(unbudgeted: dict[str, Any], defau
         if f.name.startswith("model.onnx"):
             assert (out / f.name).read_bytes() == f.read_bytes()
     shown = subprocess.run([sys.executable, "-m", "hybridrt.cli", "inspect", str(out)], capture_output=True, text=True)
-    assert f"plan       {unbudgeted['chosen']}, chosen by decode of 3 candidates" in shown.stdout
+    assert f"plan         {unbudgeted['chosen']}, chosen by decode of 3 candidates" in shown.stdout, shown.stderr
 
 
 def test_the_command_line_needs_one_way_and_the_eval_text(default_onnx: Path, tmp_path: Path) -> None:
@@ -142,3 +142,13 @@ def test_recheck_measures_the_same_figures_and_says_when_a_gate_fails_now(
         text=True,
     )
     assert done.returncode == 1 and "no longer holds: greedy_agreement" in done.stdout, done.stderr
+
+
+def test_the_float_source_can_be_the_choice(default_onnx: Path, text_file: Path, tmp_path: Path) -> None:
+    """When the source wins (here the only candidate), the written directory is the source's
+    graph with the plan beside it, a valid model directory."""
+    plan = _choose(default_onnx, tmp_path / "out", text_file, only=[FLOAT])
+    assert plan["chosen"] == FLOAT and plan["candidates"][0]["status"] == "chosen"
+    model = hybridrt.load(tmp_path / "out")
+    assert model.manifest.quantization is None and model.manifest.provenance["plan"]["chosen"] == FLOAT
+    assert (tmp_path / "out" / "model.onnx").read_bytes() == (default_onnx / "model.onnx").read_bytes()

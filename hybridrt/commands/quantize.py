@@ -155,11 +155,12 @@ def run(args: argparse.Namespace) -> int:
     with Ticker() as say:
         manifest = _quantize(args, say)
     q = manifest.quantization or {}
+    plan = manifest.provenance.get("plan")
     if args.json:
-        print(json.dumps(q))
+        print(json.dumps(q | ({"plan": plan} if plan else {})))
         return 0
-    if "plan" in q:
-        print(plan_table(Path(args.output) / q["plan"]["file"]))
+    if plan:
+        print(plan_table(Path(args.output) / plan["file"]))
         return 0
     r, size = q.get("report"), q["size"]
     algo = f" {q['algo']}" if q["algo"] else ""

@@ -60,8 +60,15 @@ def describe(directory: str | Path, manifest: Manifest | None = None) -> str:
     )
     if "source" in prov:
         lines.append(f"source       {prov['source']}")
-    if m.quantization and ("mode" in m.quantization or "plan" in m.quantization):
+    if m.quantization:
         lines.extend(_quantization_lines(m.quantization))
+    plan = prov.get("plan")
+    if isinstance(plan, dict) and "chosen" in plan:
+        budget = "no budget" if plan["budget_bytes"] is None else f"budget {plan['budget_bytes'] / 2**20:.1f} MiB"
+        lines.append(
+            f"plan         {plan['chosen']}, chosen by {plan['objective']} of {plan['candidates']} candidates, "
+            f"{budget} ({plan['file']}{', replayed' if plan.get('replayed') else ''})"
+        )
     if m.parity:
         p = m.parity
         lines.append(
@@ -92,13 +99,6 @@ def _quantization_lines(q: dict[str, Any]) -> list[str]:
         lines.append(
             f"  report     perplexity ratio {report['ppl_ratio']:.4f}, mean KL {report['mean_kl']:.2e}, "
             f"greedy agreement {report['greedy_agreement']:.3f} ({report['tokens']} held-out tokens)"
-        )
-    plan = q.get("plan")
-    if plan:
-        budget = "no budget" if plan["budget_bytes"] is None else f"budget {plan['budget_bytes'] / 2**20:.1f} MiB"
-        lines.append(
-            f"  plan       {plan['chosen']}, chosen by {plan['objective']} of {plan['candidates']} candidates, "
-            f"{budget} ({plan['file']}{', replayed' if plan.get('replayed') else ''})"
         )
     return lines
 

@@ -14,7 +14,8 @@ quality gates, chosen by measurement on this machine, and the decision kept as a
 4. Objective: decode tokens/s (default) or prefill time, measured with `hybridrt bench`'s workload,
    every passing candidate in turn within each round (the machine is noisy), medians; or size.
 5. The winner is written to `out` with `plan.json` (and the plan in hybridrt.json): every
-   candidate with its sizes, figures and why it was dropped or chosen, the machine, the gates.
+   candidate with its sizes, figures and why it was dropped or chosen, the machine, the gates;
+   its summary goes in the manifest's provenance ("plan").
    `replay(src, out, plan)` writes the chosen candidate again without measuring anything;
    `recheck(src, out)` measures the written model again and says whether the plan still holds.
 """
@@ -482,7 +483,8 @@ def _write(directory: Path, out: Path, plan: dict[str, Any], move: bool) -> Mani
             if f.is_file() and f.name != PLAN_FILE:
                 (shutil.move if move else shutil.copy2)(f, tmp / f.name)
         (tmp / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
-        manifest.quantization = (manifest.quantization or {}) | {"plan": _summary(plan)}
+        # In the provenance, not the quantization record: the float source may be the one chosen.
+        manifest.provenance["plan"] = _summary(plan)
         manifest.write(tmp)
     return manifest
 
