@@ -146,6 +146,7 @@ def jamba_traces(jamba_dir: Path) -> dict[str, Any]:
     and at 37 tokens (anew: no trace cache is read here), and the layer export makes layer 0's
     template from."""
     from hybridrt.export import fragments
+    from hybridrt.export.first_block import first_from
 
     cfg = load_model(jamba_dir)[0].config
     outer = fragments.outer_model(cfg)
@@ -160,7 +161,7 @@ def jamba_traces(jamba_dir: Path) -> dict[str, Any]:
             mp.setattr(fragments, "EXAMPLE_SEQ", seq)
             own = {m[0]: fragments.trace_layer(cfg, outer, m[0], blocks[m[0]], shared, True) for m in groups.values()}
             traces[seq] = own | {-1: fragments.trace_outer(cfg, outer, True)}
-    return {"traces": traces, "source": fragments.first_from(groups)}
+    return {"traces": traces, "source": first_from(groups)}
 
 
 def test_node_count_does_not_depend_on_trace_length(jamba_traces: dict[str, Any]) -> None:
@@ -203,7 +204,7 @@ def test_layer_0_made_from_a_later_layer_is_the_traced_one(jamba_traces: dict[st
     """Export makes layer 0's template from a later layer's with the same signature (dropping
     the Add that joins the previous block's output) instead of tracing it: the result has the
     traced template's nodes, inputs and outputs, up to the exporter's value names."""
-    from hybridrt.export.fragments import first_layer
+    from hybridrt.export.first_block import first_layer
 
     k = jamba_traces["source"]
     assert k is not None and k > 0

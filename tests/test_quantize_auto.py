@@ -121,7 +121,7 @@ def test_the_command_line_needs_one_way_and_the_eval_text(default_onnx: Path, tm
 def test_recheck_measures_the_same_figures_and_says_when_a_gate_fails_now(
     unbudgeted: dict[str, Any], default_onnx: Path, tmp_path: Path
 ) -> None:
-    from hybridrt.quantization.auto import recheck
+    from hybridrt.quantization.plan import recheck
 
     result = recheck(default_onnx, unbudgeted["out"])
     chosen = next(c for c in unbudgeted["candidates"] if c["name"] == unbudgeted["chosen"])

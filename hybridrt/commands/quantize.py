@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace, say: Callable[[str], None]) -> Manifest:
-    from ..quantization import auto
+    from ..quantization import auto, plan
     from ..quantization.api import quantize
     from .common import model_dir
 
@@ -205,7 +205,7 @@ def _quantize(args: argparse.Namespace, say: Callable[[str], None]) -> Manifest:
     if sum(chosen) != 1:
         raise QuantizationError("give one of --mode MODE, --auto, or --plan PLAN_JSON")
     if args.plan is not None:
-        return auto.replay(model_dir(args.model), args.output, args.plan, force=args.force, progress=say)
+        return plan.replay(model_dir(args.model), args.output, args.plan, force=args.force, progress=say)
     if args.auto:
         return auto.choose(
             model_dir(args.model),
@@ -275,7 +275,7 @@ def plan_table(path: Path) -> str:
 
 
 def _recheck(args: argparse.Namespace) -> int:
-    from ..quantization.auto import recheck
+    from ..quantization.plan import recheck
     from .common import Ticker, model_dir
 
     if args.mode is not None or args.auto or args.plan is not None:

@@ -5,7 +5,7 @@ A 40-layer model has two or three distinct layers (a Mamba2 block, an attention 
 first block, which has no pending residual), so tracing them once each and instantiating the
 template for every layer (compose.py) keeps export time and memory independent of depth. The
 first block is not traced where a later block has its signature: its template is the later
-one's without the residual's Add (first_layer). The
+one's without the residual's Add (first_block.py). The
 weights are inputs of the templates, not initializers: the traced graphs hold no weight
 values, every transform of a weight (the transpose of a Linear, -exp(A_log), a repeat for
 grouped heads) stays a node that compose.py evaluates per layer on that layer's own tensors.
@@ -24,7 +24,6 @@ Template IO (compose.py maps it to each layer's names):
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -37,7 +36,6 @@ from ..config import HybridConfig
 from ..graphs.contract import GraphContract
 from ..models.context import MixerContext
 from ..models.decoder import Block, HybridForCausalLM
-from ..models.ops import fused_ops
 from ..models.state import random_states
 from .trace import EXAMPLE_BATCH, EXAMPLE_PASTS, EXAMPLE_SEQ, EXAMPLE_SPARE
 
@@ -265,22 +263,12 @@ def _export(
     fused: bool,
     root: str,
 ) -> onnx.ModelProto:
-    from .onnx_export import _name_nodes, _quiet_exporter_logs, program_to_onnx, uncached_fake_tensors
+    from .onnx_export import _name_nodes, export_program, program_to_onnx
 
-    _quiet_exporter_logs()
     dyn = tuple({j: torch.export.Dim.DYNAMIC for j, d in enumerate(ds) if d is not None} for ds in dims)
-    oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]
-    with uncached_fake_tensors():
-        with warnings.catch_warnings(), oblivious, fused_ops(module, fused), torch.no_grad():
-            warnings.simplefilter("ignore")
-            program = torch.export.export(
-                module,
-                tuple(args),
-                dynamic_shapes=(dyn,),
-                strict=False,
-                prefer_deferred_runtime_asserts_over_guards=True,
-            )
-        model = program_to_onnx(program, names[0], names[1])
+    with torch.no_grad():
+        program = export_program(module, tuple(args), (dyn,), fused)
+    model = program_to_onnx(program, names[0], names[1])
     _name_nodes(model, root)
     inputs = {v.name: v for v in model.graph.input}
     for name, ds in zip(names[0], dims):
@@ -336,50 +324,6 @@ def trace_layer(
     out_names = ["x.out", "r.out"] + [f"present.{k}" for k in range(len(states))]
     trace = _LayerTrace(holder, ctx_names, names, len(states))
     return Template(i, _export(trace, args, dims, (in_names, out_names), fused, "holder."), names)
-
-
-def first_from(groups: dict[tuple[object, ...], list[int]]) -> int | None:
-    """The layer whose template layer 0's is made from (first_layer): the first of the group
-    with layer 0's signature but for being first; None if no later layer has it."""
-    sig = next((s for s, members in groups.items() if members[0] == 0), None)
-    if sig is None:
-        return None
-    later = groups.get((*sig[:2], False, *sig[3:]))
-    return later[0] if later else None
-
-
-def first_layer(template: Template) -> Template | None:
-    """Layer 0's template from that of a later layer with the same signature but for being
-    first. A later layer's graph begins with Add(x, r), the previous block's output joining the
-    stream, and layer 0 has no r: without that Add, the stream read where the sum was (and an
-    Identity where the sum was an output), it is the graph tracing layer 0 gives. A trace takes
-    seconds, this edit milliseconds. None if the graph does not begin that way."""
-    from ..graphs.edit import walk
-
-    readers = [n for n in walk(template.model.graph) if "r" in n.input]
-    if len(readers) != 1 or readers[0].op_type != "Add" or sorted(readers[0].input) != ["r", "x"]:
-        return None
-    total = readers[0].output[0]
-    model = onnx.ModelProto()
-    model.CopyFrom(template.model)
-    graph = model.graph
-    removed = next(n.name for n in graph.node if n.op_type == "Add" and list(n.output) == [total])
-    nodes = [n for n in graph.node if n.name != removed]
-    for node in nodes:  # the names _name_nodes would have given: later Adds of the scope move up one
-        base, _, count = node.name.rpartition("_")
-        if base == removed and count.isdigit():
-            node.name = base if count == "1" else f"{base}_{int(count) - 1}"
-    for node in walk(graph):
-        node.input[:] = ["x" if i == total else i for i in node.input]
-    if total in {v.name for v in graph.output}:
-        nodes.append(onnx.helper.make_node("Identity", ["x"], [total], name=f"/model/layers.{template.index}/Identity"))
-    del graph.node[:]
-    graph.node.extend(nodes)
-    for field_ in (graph.input, graph.value_info):
-        keep = [v for v in field_ if v.name not in ("r", total)]
-        del field_[:]
-        field_.extend(keep)
-    return Template(template.index, model, list(template.weights))
 
 
 def trace_outer(cfg: HybridConfig, outer: OuterLM, fused: bool, contract: GraphContract | None = None) -> Template:

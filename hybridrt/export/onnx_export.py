@@ -22,7 +22,6 @@ import torch
 import torch.fx.experimental._config
 
 from ..models.ops import fused_ops, onnx_translations
-from .trace import GraphModule
 
 OPSET = 20
 EXTERNAL_DATA_THRESHOLD = 1 << 30  # bytes of parameters above which weights go to model.onnx.data
@@ -45,7 +44,7 @@ def uncached_fake_tensors() -> contextlib.AbstractContextManager[None]:
 
 
 def export_program(
-    module: GraphModule, args: tuple[torch.Tensor, ...], dyn: tuple[object, ...], fused: bool = False
+    module: torch.nn.Module, args: tuple[torch.Tensor, ...], dyn: tuple[object, ...], fused: bool = False
 ) -> torch.export.ExportedProgram:
     """torch.export of the graph module; `fused` routes mixers through the custom ops that
     become onnxruntime fused operators (ONNX only)."""
@@ -64,7 +63,7 @@ def program_to_onnx(
     program: torch.export.ExportedProgram, input_names: list[str], output_names: list[str]
 ) -> onnx.ModelProto:
     """torch.onnx's dynamo exporter at OPSET, with the fused ops' translations."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), uncached_fake_tensors():  # torch.onnx traces the program again
         warnings.simplefilter("ignore")
         onnx_program = torch.onnx.export(
             program,

@@ -22,11 +22,10 @@ from ..graphs.contract import GraphContract
 from ..graphs.files import IR_VERSION
 from ..models.loading.weights import Weights
 from .compose import DataFile, Fragment, Prepared, assemble, instantiate, prepare
+from .first_block import first_from, first_layer
 from .fragments import (
     CTX_FIELDS,
     Template,
-    first_from,
-    first_layer,
     layer_blocks,
     outer_model,
     signature,

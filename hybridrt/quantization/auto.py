@@ -16,17 +16,13 @@ quality gates, chosen by measurement on this machine, and the decision kept as a
 5. The winner is written to `out` with `plan.json` (and the plan in hybridrt.json): every
    candidate with its sizes, figures and why it was dropped or chosen, the machine, the gates;
    its summary goes in the manifest's provenance ("plan").
-   `replay(src, out, plan)` writes the chosen candidate again without measuring anything;
-   `recheck(src, out)` measures the written model again and says whether the plan still holds.
+   quantization.plan writes it; its `replay` writes the chosen candidate again without measuring,
+   its `recheck` measures the written model again and says whether the plan still holds.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -35,12 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import QuantizationError
-from ..graphs.files import atomic_directory
 from ..graphs.manifest import Manifest, read_manifest
 from .modes import QuantConfig
+from .plan import PLAN_VERSION, SOURCE_REPORT, Gates, machine, measure_speed, text_record, write
 
-PLAN_FILE = "plan.json"
-PLAN_VERSION = 1
 OBJECTIVES = ("decode", "prefill", "size")
 # Weight modes tried, as QuantConfig options; each also with kv_dtype int8 when the model has attention.
 WEIGHT_CANDIDATES: tuple[dict[str, Any], ...] = (
@@ -51,28 +45,6 @@ WEIGHT_CANDIDATES: tuple[dict[str, Any], ...] = (
     {"mode": "int8-dynamic"},
 )
 FLOAT = "float32 (source)"
-
-
-@dataclass(frozen=True)
-class Gates:
-    max_ppl_ratio: float | None = None
-    max_nll_delta: float | None = None
-    max_kl: float | None = None
-    min_greedy_agreement: float | None = None
-
-    def failures(self, report: dict[str, Any]) -> list[str]:
-        checks = [
-            ("ppl_ratio", self.max_ppl_ratio, ">", "--max-ppl-ratio"),
-            ("nll_delta", self.max_nll_delta, ">", "--max-nll-delta"),
-            ("mean_kl", self.max_kl, ">", "--max-kl"),
-            ("greedy_agreement", self.min_greedy_agreement, "<", "--min-greedy-agreement"),
-        ]
-        out = []
-        for key, limit, op, flag in checks:
-            value = report[key]
-            if limit is not None and (value > limit if op == ">" else value < limit):
-                out.append(f"{key} {value:.6g} {op} {flag} {limit}")
-        return out
 
 
 @dataclass
@@ -175,25 +147,6 @@ def state_bytes(manifest: Manifest, options: dict[str, Any], context: int, batch
     return int(total * batch)
 
 
-def machine() -> dict[str, Any]:
-    import onnxruntime
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "onnxruntime": onnxruntime.__version__,
-        "python": platform.python_version(),
-    }
-
-
 def choose(
     src: str | Path,
     out: str | Path,
@@ -201,7 +154,7 @@ def choose(
     budget_bytes: int | None = None,
     context: int = 2048,
     batch: int = 1,
-    gates: Gates = Gates(),
+    gates: Gates | None = None,
     objective: str = "decode",
     eval_text: str | Path | None = None,
     calibration: Sequence[str | Path] = (),
@@ -218,7 +171,7 @@ def choose(
     from . import quantize
 
     say = progress or (lambda msg: None)
-    src, out = Path(src), Path(out)
+    src, out, gates = Path(src), Path(out), gates or Gates()
     if objective not in OBJECTIVES:
         raise QuantizationError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
     if eval_text is None:
@@ -262,7 +215,9 @@ def choose(
             raise QuantizationError(f"no candidate fits the budget and passes every gate, nothing written: {lines}")
         if objective != "size" and len(passed) > 1:
             say(f"measuring speed of {len(passed)} candidates, {rounds} rounds ({_elapsed(t0)})")
-            _measure_speed(passed, rounds, prompt_tokens, new_tokens)
+            speeds = measure_speed([c.directory for c in passed if c.directory], rounds, prompt_tokens, new_tokens)
+            for c, speed in zip(passed, speeds):
+                c.speed = speed
         winner = min(passed, key=lambda c: _cost(c, objective))
         winner.status, winner.why = "chosen", _why(winner, passed, objective)
         for c in passed:
@@ -277,8 +232,8 @@ def choose(
             "batch": batch,
             "objective": objective,
             "gates": gates.__dict__,
-            "eval_text": _text_record(eval_text),
-            "calibration": [_text_record(p) for p in calibration],
+            "eval_text": text_record(eval_text),
+            "calibration": [text_record(p) for p in calibration],
             "shared_options": options,
             "chosen": winner.name,
             "chosen_options": winner.options,
@@ -286,108 +241,11 @@ def choose(
             "seconds": round(time.perf_counter() - t0, 1),
         }
         assert winner.directory is not None
-        written = _write(winner.directory, out, plan, move=bool(winner.options))
+        written = write(winner.directory, out, plan, move=bool(winner.options))
         say(f"chose {winner.name} ({winner.why}); wrote {out} in {_elapsed(t0)}")
         return written
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def replay(
-    src: str | Path,
-    out: str | Path,
-    plan_path: str | Path,
-    *,
-    force: bool = False,
-    progress: Callable[[str], None] | None = None,
-) -> Manifest:
-    """Write the plan's chosen candidate from `src` again, measuring nothing new to choose: the
-    same options and texts (checked by content), so the same graph."""
-    from . import quantize
-
-    src, out, plan_path = Path(src), Path(out), Path(plan_path)
-    try:
-        plan = json.loads(plan_path.read_text())
-    except (OSError, ValueError) as e:
-        raise QuantizationError(f"cannot read the plan {plan_path}: {e}") from None
-    if plan.get("version") != PLAN_VERSION or "chosen_options" not in plan:
-        raise QuantizationError(f"{plan_path} is not a hybridrt quantization plan (version {PLAN_VERSION})")
-    texts = [plan["eval_text"], *plan["calibration"]]
-    for record in texts:
-        if record is not None and _text_record(record["path"]) != record:
-            raise QuantizationError(
-                f"{record['path']} is not the text the plan measured on (its sha256 differs or it is gone)"
-            )
-    if out.exists() and not force:
-        raise QuantizationError(f"{out} exists; pass --force to replace it")
-    options = plan["chosen_options"]
-    work = Path(tempfile.mkdtemp(prefix="hybridrt-plan-", dir=out.parent if out.parent.is_dir() else None))
-    try:
-        if not options:
-            directory = src
-        else:
-            directory = work / "chosen"
-            quantize(
-                src,
-                directory,
-                calibration=[r["path"] for r in plan["calibration"]],
-                eval_text=plan["eval_text"]["path"] if plan["eval_text"] else None,
-                progress=progress,
-                **plan["shared_options"] | options,
-            )
-        return _write(directory, out, plan | {"replayed": True}, move=bool(options))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def recheck(src: str | Path, directory: str | Path, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Measure the model an --auto run wrote in `directory` again, on this machine, against its
-    float source `src`: its quality on the plan's eval text (checked by sha256) against the plan's
-    gates, and its speed by the plan's workload beside the speed the plan recorded. `holds` is
-    whether every gate still passes."""
-    from ..runtime import load
-    from .report import quality_report
-
-    say = progress or (lambda msg: None)
-    src, directory = Path(src), Path(directory)
-    try:
-        plan = json.loads((directory / PLAN_FILE).read_text())
-    except (OSError, ValueError) as e:
-        raise QuantizationError(f"{directory} has no readable {PLAN_FILE} (write it with --auto): {e}") from None
-    text = plan["eval_text"]
-    if text is None or _text_record(text["path"]) != text:
-        raise QuantizationError(f"the plan's eval text {text and text['path']} is gone or changed; recheck needs it")
-    chosen = next(c for c in plan["candidates"] if c["name"] == plan["chosen"])
-    say(f"measuring {plan['chosen']}'s quality against {src}")
-    cfg = QuantConfig.from_kwargs(**({"mode": "int4"} | plan["shared_options"]))
-    if chosen["options"]:
-        from .calibration import head, read_texts
-
-        parent = load(src, "cpu")
-        # The held-out text as quantize() cut it for the plan's report: the first eval_tokens tokens.
-        held_out = head(parent.tokenizer, "\n\n".join(read_texts([Path(text["path"])])), cfg.eval_tokens)
-        report = quality_report(parent, load(directory, "cpu"), held_out, cfg)
-    else:
-        report = {"ppl_ratio": 1.0, "nll_delta": 0.0, "mean_kl": 0.0, "greedy_agreement": 1.0}
-    failures = Gates(**plan["gates"]).failures(report)
-    planned = chosen["speed"] or {}
-    again = Candidate(plan["chosen"], chosen["options"], directory=directory)
-    if planned:
-        say("measuring its speed with the plan's workload")
-        _measure_speed([again], planned["rounds"], planned["prompt_tokens"], planned["new_tokens"])
-    rate = again.speed.get("decode_tokens_per_s")
-    return {
-        "chosen": plan["chosen"],
-        "holds": not failures,
-        "failures": failures,
-        "quality": {k: report[k] for k in ("ppl_ratio", "nll_delta", "mean_kl", "greedy_agreement")},
-        "planned_quality": chosen["quality"],
-        "decode_tokens_per_s": rate,
-        "planned_decode_tokens_per_s": planned.get("decode_tokens_per_s"),
-        "speed_ratio": None if not planned or not rate else rate / planned["decode_tokens_per_s"],
-        "machine": machine(),
-        "planned_machine": plan["machine"],
-    }
 
 
 def _build(
@@ -401,39 +259,13 @@ def _build(
 ) -> None:
     if not c.options:  # the source is the reference the others are measured against
         c.directory, c.weight_bytes = src, c.estimated_bytes
-        c.report = {"ppl_ratio": 1.0, "nll_delta": 0.0, "mean_kl": 0.0, "greedy_agreement": 1.0}
+        c.report = dict(SOURCE_REPORT)
         return
     c.directory = work / c.name.replace("+", "_")
     manifest = quantize(src, c.directory, calibration=calibration, eval_text=eval_text, **options | c.options)
     q = manifest.quantization or {}
     c.report = q["report"]
     c.weight_bytes = int(q["size"]["bytes"])
-
-
-def _measure_speed(passed: list[Candidate], rounds: int, prompt_tokens: int, new_tokens: int) -> None:
-    """`hybridrt bench`'s workload (random ids above the special tokens, greedy, never stopped
-    early) on each candidate in turn, `rounds` times; medians of decode tokens/s and prefill ms."""
-    from ..runtime import load
-    from ..runtime.evaluate import bench_rows
-
-    models = [load(c.directory, "cpu") for c in passed if c.directory is not None]
-    rows = bench_rows([m.manifest for m in models], 1, prompt_tokens, seed=0)
-    settings: dict[str, Any] = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False}
-    for m in models:
-        m.generate(rows, **settings | {"max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
-    runs: list[list[tuple[float, float]]] = [[] for _ in models]
-    for _ in range(rounds):
-        for i, m in enumerate(models):
-            _, stats = m.generate_with_stats(rows, **settings)
-            runs[i].append((stats.prefill_ms, stats.decode_tokens_per_s))
-    for c, r in zip(passed, runs):
-        c.speed = {
-            "decode_tokens_per_s": statistics.median(x[1] for x in r),
-            "prefill_ms": statistics.median(x[0] for x in r),
-            "rounds": rounds,
-            "prompt_tokens": prompt_tokens,
-            "new_tokens": new_tokens,
-        }
 
 
 def _cost(c: Candidate, objective: str) -> float:
@@ -461,41 +293,3 @@ def _over(need: int, budget: int, how: str) -> str:
 
 def _elapsed(t0: float) -> str:
     return f"{time.perf_counter() - t0:.0f} s so far"
-
-
-def _text_record(path: str | Path) -> dict[str, Any]:
-    import hashlib
-
-    p = Path(path)
-    try:
-        digest = hashlib.sha256(p.read_bytes()).hexdigest()
-    except OSError:
-        digest = None
-    return {"path": str(p), "sha256": digest}
-
-
-def _write(directory: Path, out: Path, plan: dict[str, Any], move: bool) -> Manifest:
-    """The chosen directory's files at `out` (atomically; moved from a built candidate, copied
-    from the source) with the plan in plan.json and in the manifest's quantization record."""
-    manifest = read_manifest(directory)
-    with atomic_directory(out, QuantizationError) as tmp:
-        for f in directory.iterdir():
-            if f.is_file() and f.name != PLAN_FILE:
-                (shutil.move if move else shutil.copy2)(f, tmp / f.name)
-        (tmp / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
-        # In the provenance, not the quantization record: the float source may be the one chosen.
-        manifest.provenance["plan"] = _summary(plan)
-        manifest.write(tmp)
-    return manifest
-
-
-def _summary(plan: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "chosen": plan["chosen"],
-        "objective": plan["objective"],
-        "budget_bytes": plan["budget_bytes"],
-        "gates": plan["gates"],
-        "candidates": len(plan["candidates"]),
-        "file": PLAN_FILE,
-        "replayed": plan.get("replayed", False),
-    }

@@ -10,12 +10,8 @@ back when a lookup needs it) instead of vanishing, within its own byte cap; a se
 on the same directory finds them again. Files live under the model's identity (a hash of every
 file the export lists and of its state specs): another model never reads them. A directory
 that cannot be written turns the disk tier off with a warning; no request fails for it.
-
-States are stored exact by default. `stored="bfloat16"` (opt-in) keeps float32 states and KV
-as bfloat16 (round to nearest even; half the bytes, so twice the conversations in a budget) and
-widens them back on a hit: a resumed request is then close to a cold one, not equal to it
-(`scripts/bench_state_dtype.py` measures how close). Such entries live apart on disk (their own
-directory under the model's identity), so an exact cache never reads them.
+States are exact by default; `stored="bfloat16"` (opt-in, apart on disk) halves float32 ones'
+bytes, a resumed request then close to a cold one (scripts/bench_state_dtype.py: how close).
 """
 
 from __future__ import annotations
@@ -34,24 +30,13 @@ from ..errors import GenerationError
 from ..graphs.contract import TensorSpec
 from .prefix_plan import fixed_bytes, marks
 from .radix import Node, RadixTree, common_prefix
-from .state import Snapshot, _fit
+from .state import Snapshot, _fit, narrowed, widened
 from .state_files import StateFiles, identity
 
 log = logging.getLogger("hybridrt.cache")
 
 MEMORY_SHARE = 0.25
 STORED = ("float32", "bfloat16")  # how states are kept: as the graph has them, or float32 as bfloat16
-
-
-def to_bfloat16(x: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bits (uint16), rounded to nearest even."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def from_bfloat16(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bits (uint16) -> float32."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def available_memory() -> int:
@@ -112,8 +97,7 @@ class CacheStats:
 class StateCache:
     """See the module docstring. `pasts` are the model's state specs, `owner` its identity.
 
-    memory_bytes: None for MEMORY_SHARE of the available memory, 0 to store nothing.
-    stored: "float32" (exact, the default) or "bfloat16" (float32 states kept at half the bytes).
+    memory_bytes: None for MEMORY_SHARE of the available memory, 0 to store nothing. stored: see above.
     directory: the disk tier's root (None: memory only; runtime.state_files); disk_bytes: its cap (None: DISK_SHARE
     of the free space there). spacing: tokens between checkpoints inside prompts (None: from
     each prompt's length and the state sizes, see spacing_for; 0: none)."""
@@ -206,7 +190,7 @@ class StateCache:
                     continue
                 states, logits = read
                 if self.stored == "bfloat16":
-                    states = [from_bfloat16(x) if x.dtype == np.uint16 else x for x in states]
+                    states = widened(states)
                 if length < entry.length:  # KV only: cut to the agreeing prefix
                     states = [_fit(x, s, length) for s, x in zip(self.pasts, states)]
                 logits = logits if length == len(tokens) == entry.length else None
@@ -226,7 +210,7 @@ class StateCache:
         row_logits = None if logits is None else np.array(logits[:1], dtype=np.float32)
         states = list(snapshot.states)
         if self.stored == "bfloat16":
-            states = [to_bfloat16(x) if x.dtype == np.float32 else x for x in states]
+            states = narrowed(states)
         nbytes = sum(x.nbytes for x in states) + (0 if row_logits is None else row_logits.nbytes)
         if nbytes > self.memory_bytes and (self.files is None or nbytes > self.files.cap):
             return  # it would leave at once

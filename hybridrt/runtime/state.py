@@ -58,6 +58,22 @@ class Snapshot:
         return sum(x.nbytes for x in self.states)
 
 
+def narrowed(states: list[np.ndarray]) -> list[np.ndarray]:
+    """float32 arrays as bfloat16 bits (uint16, rounded to nearest even), others as they are."""
+    out = []
+    for x in states:
+        if x.dtype == np.float32:
+            bits = np.ascontiguousarray(x).view(np.uint32)
+            x = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        out.append(x)
+    return out
+
+
+def widened(states: list[np.ndarray]) -> list[np.ndarray]:
+    """narrowed's inverse: bfloat16 bits (uint16) back to float32."""
+    return [(x.astype(np.uint32) << 16).view(np.float32) if x.dtype == np.uint16 else x for x in states]
+
+
 class Stepper:
     """Runs the graph step by step over carried states; `lengths` [b] counts the tokens each
     row has seen (rows may differ: each is written and read at its own positions)."""

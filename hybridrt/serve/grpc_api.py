@@ -103,7 +103,7 @@ class Exchange:
     def __init__(self, app: Any, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         self.gone = asyncio.Event()
         self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=8)
-        self.status, self.body = 0, body
+        self.status, self.body, self.ended = 0, body, False
         self.headers: dict[str, str] = {}
         scope = {
             "type": "http",
@@ -146,7 +146,7 @@ class Exchange:
     async def start(self) -> int:
         """Wait for the response to start; its status (headers in self.headers)."""
         while True:
-            message = await self.queue.get()
+            message = await self._next()
             if message is None:
                 return 500
             if message["type"] == "http.response.start":
@@ -156,7 +156,7 @@ class Exchange:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         while True:
-            message = await self.queue.get()
+            message = await self._next()
             if message is None:
                 return
             if message["type"] == "http.response.body":
@@ -165,11 +165,18 @@ class Exchange:
                     return
 
     async def close(self) -> None:
+        """The client is gone: read what the app still sends until it has finished (its log line
+        written), the way a closed socket's writes fail."""
         self.gone.set()
-        while not self.task.done():  # let the app see the disconnect and finish its log line
-            with contextlib.suppress(asyncio.QueueEmpty):
-                self.queue.get_nowait()
-            await asyncio.sleep(0.001)
+        while not self.ended and await self._next() is not None:
+            pass
+        with contextlib.suppress(Exception):  # a write after the client left ends the app with OSError
+            await self.task
+
+    async def _next(self) -> dict[str, Any] | None:
+        message = await self.queue.get()
+        self.ended = self.ended or message is None
+        return message
 
 
 def _headers(context: Any) -> list[tuple[bytes, bytes]]:
