@@ -23,6 +23,7 @@ from ..graphs.contract import GraphContract
 from ..graphs.feeds import state_shape
 from ..models.decoder import HybridForCausalLM
 from ..models.state import random_states, zero_tensors
+from ..runtime.providers import threads_from_env
 from .trace import GraphModule, feeds
 
 PROMPT_LENGTHS = (1, 7, 64, 300)
@@ -35,15 +36,23 @@ Runner = Callable[[tuple[torch.Tensor, ...]], list[np.ndarray]]
 def ort_runner(path: Path, model: HybridForCausalLM, contract: GraphContract | None = None) -> Runner:
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(str(path), _options(), providers=["CPUExecutionProvider"])
     names = (contract or GraphContract.of(model.config)).input_names
 
     def run(args: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
         return list(sess.run(None, {n: a.numpy() for n, a in zip(names, args)}))
 
     return run
+
+
+def _options() -> Any:
+    """The check's session options: errors only, HYBRIDRT_THREADS threads where set."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.intra_op_num_threads = threads_from_env() or 0
+    return opts
 
 
 def torch_runner(fn: Callable[..., Any]) -> Runner:
@@ -204,8 +213,7 @@ def _graph_errors(
 
     from ..graphs.feeds import graph_feeds
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts = _options()
     # No second, pre-packed copy of every weight, and no arena kept at the largest call's
     # activations: the check holds the float graph once.
     opts.add_session_config_entry("session.disable_prepacking", "1")

@@ -14,7 +14,7 @@ from ..graphs.contract import TensorSpec, present_name
 from ..graphs.manifest import MANIFEST, Manifest, read_manifest, verify_files
 from .input_checks import as_path
 from .model import Model
-from .providers import CPU, CUDA, ProviderRequest, ProviderSelection, device_of, select_providers
+from .providers import CPU, CUDA, ProviderRequest, ProviderSelection, device_of, select_providers, threads_from_env
 from .text import load_tokenizer
 
 if TYPE_CHECKING:
@@ -82,7 +82,8 @@ def load(
     provider: "auto", "cpu", "cuda", "acl", "xnnpack", a full ONNX Runtime name, a
       (name, {"device_id": 0, "threads": 4}) tuple, or an ordered list of these.
     allow_fallback: run on CPU, with a logged warning, when a named provider is missing.
-    threads: intra-op threads of the CPU provider (default: ONNX Runtime's choice).
+    threads: intra-op threads of the CPU provider (default: the session options' own count,
+      else HYBRIDRT_THREADS, else ONNX Runtime's choice: one per core of the host).
     verify: check every file's sha256 against the manifest (reads the whole graph once).
     io_binding: keep states in buffers bound once with IO binding, KV written in place (the
       default; False: plain session.run, which copies every state in and out per step).
@@ -188,6 +189,8 @@ def _session(
         opts.intra_op_num_threads = 0  # a per-session count contradicts the shared pool
     elif selection.threads is not None:
         opts.intra_op_num_threads = selection.threads
+    elif opts.intra_op_num_threads == 0 and (n := threads_from_env()) is not None:
+        opts.intra_op_num_threads = n
     _SESSIONS_OPENED = True
     if capture:
         old = not needs_query_seqlens(ort.__version__)

@@ -9,6 +9,7 @@ with `allow_fallback=True`, a logged warning and the CPU provider.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,6 +131,22 @@ def _finish(chosen: list[tuple[str, dict[str, Any]]], threads: int | None, missi
 
 
 MAX_THREADS = 4096  # onnxruntime takes an int32; more threads than this is a typo
+
+
+THREADS_ENV = "HYBRIDRT_THREADS"
+
+
+def threads_from_env() -> int | None:
+    """HYBRIDRT_THREADS: the intra-op thread count of a session opened with no count of its own
+    (no `threads`, none in its session options). onnxruntime otherwise starts one thread per
+    core of the host, and reads no container CPU limit: on a 64-core node with a 2-CPU limit,
+    64 threads share 2 CPUs."""
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_THREADS:
+        raise ProviderError(f"{THREADS_ENV} must be an integer in [1, {MAX_THREADS}] (or unset), got {raw!r}")
+    return int(raw)
 
 
 def _is_count(n: object) -> bool:
