@@ -53,19 +53,23 @@ def test_session_options_of_another_type_are_refused(jamba_onnx: Path) -> None:
         hybridrt.load(jamba_onnx, "cpu", verify=False, session_options={"enable_profiling": True})  # type: ignore[arg-type]
 
 
+def _threads(model_dir: Path, **options: object) -> int:
+    model = hybridrt.load(model_dir, "cpu", verify=False, **options)  # type: ignore[arg-type]
+    return int(model.inference_session.get_session_options().intra_op_num_threads)
+
+
 def test_hybridrt_threads_is_the_count_of_a_session_given_none(jamba_onnx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """HYBRIDRT_THREADS stands in for onnxruntime's one thread per host core, below every count
     the caller gives (load(threads=), the session options' own)."""
     monkeypatch.setenv("HYBRIDRT_THREADS", "3")
-    assert hybridrt.load(jamba_onnx, "cpu", verify=False).inference_session.get_session_options().intra_op_num_threads == 3
-    assert hybridrt.load(jamba_onnx, "cpu", threads=1, verify=False).inference_session.get_session_options().intra_op_num_threads == 1
+    assert _threads(jamba_onnx) == 3
+    assert _threads(jamba_onnx, threads=1) == 1
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
-    used = hybridrt.load(jamba_onnx, "cpu", verify=False, session_options=opts).inference_session.get_session_options()
-    assert used.intra_op_num_threads == 2
+    assert _threads(jamba_onnx, session_options=opts) == 2
     for bad in ("0", "two", "-1", "5000"):
         monkeypatch.setenv("HYBRIDRT_THREADS", bad)
         with pytest.raises(hybridrt.ProviderError, match="HYBRIDRT_THREADS must be an integer"):
             hybridrt.load(jamba_onnx, "cpu", verify=False)
     monkeypatch.setenv("HYBRIDRT_THREADS", " ")  # blank: unset
-    assert hybridrt.load(jamba_onnx, "cpu", verify=False).inference_session.get_session_options().intra_op_num_threads == 0
+    assert _threads(jamba_onnx) == 0
