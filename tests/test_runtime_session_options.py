@@ -58,7 +58,9 @@ def _threads(model_dir: Path, **options: object) -> int:
     return int(model.inference_session.get_session_options().intra_op_num_threads)
 
 
-def test_hybridrt_threads_is_the_count_of_a_session_given_none(jamba_onnx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hybridrt_threads_is_the_count_of_a_session_given_none(
+    jamba_onnx: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """HYBRIDRT_THREADS stands in for onnxruntime's one thread per host core, below every count
     the caller gives (load(threads=), the session options' own)."""
     monkeypatch.setenv("HYBRIDRT_THREADS", "3")
