@@ -95,6 +95,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--log-level", default="info")
     _add_log_options(p)
+    _add_ray_options(p)
+
+
+def _add_ray_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Ray Serve (pip install 'hybridrt[ray]')")
+    g.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve as a Ray Serve application: replicas of this server behind one address, each request sent to "
+        "the replica that holds its conversation's states",
+    )
+    g.add_argument("--replicas", type=int, default=1, help="engine replicas (the minimum, with --max-replicas)")
+    g.add_argument("--max-replicas", type=int, help="autoscale between --replicas and this many replicas")
+    g.add_argument(
+        "--target-ongoing", type=float, default=2.0, help="requests in hand per replica that autoscaling aims at"
+    )
+    g.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves for each replica")
+    g.add_argument(
+        "--ray-address", help="a running cluster ('auto', or HOST:PORT of its head); default: start a local one"
+    )
+    g.add_argument("--ray-cpus", type=int, help="CPUs of the local cluster (default: every core)")
+    g.add_argument(
+        "--ray-router",
+        choices=["affinity", "default"],
+        default="affinity",
+        help="affinity: a conversation's turns go to the replica holding its states; default: Ray's own choice",
+    )
 
 
 def _add_log_options(p: argparse.ArgumentParser) -> None:
@@ -109,11 +136,61 @@ def _add_log_options(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..serve.server import serve
+
+    if args.ray:
+        return _run_on_ray(args)
+    serve(app_from_args(args), args.host, args.port, args.log_level)
+    return 0
+
+
+def _run_on_ray(args: argparse.Namespace) -> int:
+    """The same app in each Ray Serve replica (deploy/ray_serve.py). Flags are checked and the
+    models found (the default model exported) here, before a cluster starts."""
+    from ..errors import GraphError
+
+    try:
+        from ..deploy import ray_serve
+    except ImportError:
+        raise GraphError("--ray needs Ray Serve: pip install 'hybridrt[ray]'") from None
+    if args.grpc_port is not None:
+        raise GraphError("--grpc-port is not served through Ray; drop it or serve without --ray")
+    if args.log_file is not None:  # one rotating file is not shared between replica processes
+        raise GraphError(
+            "--log-file is not used with --ray: each replica writes its request log lines to its own Ray log "
+            "(<ray temp dir>/session_latest/logs/serve/replica_hybridrt_engine_*.log)"
+        )
+    if args.replicas < 1 or (args.max_replicas is not None and args.max_replicas < args.replicas):
+        raise GraphError(
+            f"--replicas must be >= 1 and --max-replicas >= --replicas, got {args.replicas}, {args.max_replicas}"
+        )
+    served = served_models(args.model, args.model_name)
+    args.model, args.model_name = [f"{name}={d}" for name, d in served.items()], None
+    _serve_config(args, next(iter(served)))  # every flag of the app checked before the cluster starts
+    options = ray_serve.RayOptions(
+        replicas=args.replicas,
+        max_replicas=args.max_replicas,
+        target_ongoing=args.target_ongoing,
+        cpus_per_replica=args.replica_cpus,
+        address=args.ray_address,
+        local_cpus=args.ray_cpus,
+        router=args.ray_router,
+        bound=args.slots,
+        max_ongoing=args.slots + args.max_queue,
+        shutdown_s=args.timeout,
+    )
+    ray_serve.run(functools.partial(app_from_args, args), options, args.host, args.port)
+    return 0
+
+
+def app_from_args(args: argparse.Namespace) -> Any:
+    """The server's ASGI app (its engines loading) from `hybridrt serve`'s flags; a Ray replica
+    (deploy/ray_serve.py) builds its app here too, from the same flags."""
     from ..errors import GenerationError, GraphError
     from ..runtime import load, share_thread_pool
     from ..runtime.text import TOKENIZER
     from ..serve.routes import check_routes, parse_route
-    from ..serve.server import build, serve
+    from ..serve.server import build
     from .common import model_dir
 
     served = served_models(args.model, args.model_name)
@@ -155,8 +232,7 @@ def run(args: argparse.Namespace) -> int:
         None if draft is None else (lambda: load(draft, provider, threads=args.threads)),
         routes,
     )
-    serve(app, args.host, args.port, args.log_level)
-    return 0
+    return app
 
 
 def device_provider(provider: str, device_id: int | None) -> Any:

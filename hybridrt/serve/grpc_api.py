@@ -16,7 +16,6 @@ passes) is a client that went away: its job is cancelled and its state slot free
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -26,6 +25,7 @@ import grpc
 from google.protobuf import json_format
 
 from . import grpc_schema as schema
+from .exchange import Exchange
 
 CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -93,90 +93,6 @@ def response_message(body: dict[str, Any]) -> Any:
     if details.get("cached_tokens"):
         out.usage.cached_tokens = details["cached_tokens"]
     return out
-
-
-class Exchange:
-    """One request handed to the ASGI app in-process: the body is sent at once, the
-    response's messages are read as they come (a bounded queue: a slow reader holds the
-    app back as a slow socket would), and closing it is a client that went away."""
-
-    def __init__(self, app: Any, method: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-        self.gone = asyncio.Event()
-        self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=8)
-        self.status, self.body, self.ended = 0, body, False
-        self.headers: dict[str, str] = {}
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "2",
-            "method": method,
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
-            "client": None,
-            "server": None,
-            "hybridrt.door": "grpc",
-        }
-        self.task = asyncio.ensure_future(self._run(app, scope))
-
-    async def _run(self, app: Any, scope: dict[str, Any]) -> None:
-        sent = False
-
-        async def receive() -> dict[str, Any]:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": self.body, "more_body": False}
-            await self.gone.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, Any]) -> None:
-            if self.gone.is_set():
-                raise OSError("the gRPC call ended")  # as a closed socket: the app stops writing
-            await self.queue.put(message)
-
-        try:
-            await app(scope, receive, send)
-        finally:
-            await self.queue.put(None)
-
-    async def start(self) -> int:
-        """Wait for the response to start; its status (headers in self.headers)."""
-        while True:
-            message = await self._next()
-            if message is None:
-                return 500
-            if message["type"] == "http.response.start":
-                self.status = message["status"]
-                self.headers = {k.decode().lower(): v.decode() for k, v in message.get("headers", [])}
-                return self.status
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        while True:
-            message = await self._next()
-            if message is None:
-                return
-            if message["type"] == "http.response.body":
-                yield message.get("body", b"")
-                if not message.get("more_body", False):
-                    return
-
-    async def close(self) -> None:
-        """The client is gone: read what the app still sends until it has finished (its log line
-        written), the way a closed socket's writes fail."""
-        self.gone.set()
-        while not self.ended and await self._next() is not None:
-            pass
-        with contextlib.suppress(Exception):  # a write after the client left ends the app with OSError
-            await self.task
-
-    async def _next(self) -> dict[str, Any] | None:
-        message = await self.queue.get()
-        self.ended = self.ended or message is None
-        return message
 
 
 def _headers(context: Any) -> list[tuple[bytes, bytes]]:

@@ -1,0 +1,259 @@
+"""`hybridrt serve MODEL ... --ray`: the server as a Ray Serve application (`pip install
+'hybridrt[ray]'`), on a local cluster started for the command or on a running one
+(`--ray-address`).
+
+Two deployments. `engine` replicas each hold the app that `hybridrt serve` builds from the same
+flags (its engines, continuous batching and prefix state cache): a request reaches it as the
+HTTP request it is, handed to that app in-process (serve/exchange.py), so routes, parsing,
+errors, the API key and the per-request log line (`door`: "ray") are the server's own. The
+`front` ingress reads each request's body, computes the chain of digests of its prompt's
+prefix (affinity_keys), and calls an engine replica through a deployment handle whose router
+(AffinityRouter) sends it to the replica that served the longest of those prefixes, the one
+holding that conversation's states, unless that replica has `bound` requests or more in hand;
+then, and for a prefix seen nowhere, Ray's own choice (the less loaded of two). A replica
+that dies mid-stream ends the stream with an error event; one that dies before answering is
+a 503; Ray starts a new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ray.serve.request_router import FIFOMixin, RequestRouter
+
+from ..serve.exchange import Exchange
+
+BLOCK_CHARS = 256  # a completions prompt's text is keyed in blocks of this many characters
+BLOCK_TOKENS = 64  # ... a prompt of token ids in blocks of this many ids
+MAX_KEYS = 200_000  # digests the router remembers (oldest forgotten first)
+# Headers that belong to the front's connection, not to the request the replica answers.
+HOP = {b"host", b"content-length", b"content-type", b"connection", b"transfer-encoding", b"keep-alive"}
+
+
+def affinity_keys(path: str, body: bytes) -> list[str]:
+    """Digests of the request's prompt prefixes, shortest first: one per chat message, or per
+    full block of a completions prompt, each covering everything before it and the model name.
+    A later turn of a conversation repeats the earlier turns, so its chain starts with theirs.
+    A body that is not a completions or chat request has none (Ray's own routing)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return []
+    if not isinstance(data, dict):
+        return []
+    parts: list[bytes] = []
+    if path.endswith("/chat/completions") and isinstance(data.get("messages"), list):
+        parts = [json.dumps(m, sort_keys=True).encode() for m in data["messages"]]
+    elif path.endswith("/completions"):
+        prompt = data.get("prompt")
+        if isinstance(prompt, str):
+            parts = [prompt[i : i + BLOCK_CHARS].encode() for i in range(0, len(prompt) - BLOCK_CHARS + 1, BLOCK_CHARS)]
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            n = len(prompt) - len(prompt) % BLOCK_TOKENS
+            parts = [json.dumps(prompt[i : i + BLOCK_TOKENS]).encode() for i in range(0, n, BLOCK_TOKENS)]
+    h = hashlib.blake2b(str(data.get("model", "")).encode(), digest_size=16)
+    keys = []
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little") + part)
+        keys.append(h.hexdigest())
+    return keys
+
+
+# --- the router (runs in the front's process, inside its deployment handle) --------------------
+
+
+class AffinityRouter(FIFOMixin, RequestRouter):  # type: ignore[misc]
+    """The replica that served the longest known prefix of the request, if it has fewer than
+    `bound` requests in hand (then the others as a second choice); otherwise two replicas at
+    random, of which Ray takes the one with fewer requests in hand."""
+
+    def initialize_state(self, bound: int = 8, **kwargs: Any) -> None:
+        super().initialize_state(**kwargs)
+        self.bound = bound
+        self.holders: OrderedDict[str, Any] = OrderedDict()  # prefix digest -> replica id
+
+    async def choose_replicas(self, candidate_replicas: list[Any], pending_request: Any = None) -> list[list[Any]]:
+        by_id = {r.replica_id: r for r in candidate_replicas}
+        for key in reversed(_keys(pending_request)):
+            holder = by_id.get(self.holders.get(key))
+            if holder is None:
+                continue
+            rest = [r for r in candidate_replicas if r is not holder]
+            in_hand = self.replica_queue_len_cache.get(holder.replica_id)
+            if in_hand is not None and in_hand >= self.bound and rest:
+                return [random.sample(rest, min(2, len(rest))), [holder]]  # busy: prefill elsewhere
+            return [[holder], rest] if rest else [[holder]]
+        return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+
+    def on_request_routed(self, pending_request: Any, replica_id: Any, result: Any) -> None:
+        for key in _keys(pending_request):
+            self.holders[key] = replica_id
+            self.holders.move_to_end(key)
+        while len(self.holders) > MAX_KEYS:
+            self.holders.popitem(last=False)
+
+    def on_replica_actor_died(self, replica_id: Any) -> None:
+        super().on_replica_actor_died(replica_id)
+        for key in [k for k, v in self.holders.items() if v == replica_id]:
+            del self.holders[key]
+
+
+def _keys(pending_request: Any) -> list[str]:
+    args = getattr(pending_request, "args", None) or ()
+    return list(args[0]) if args and isinstance(args[0], list) else []
+
+
+# --- the deployments -------------------------------------------------------------------------
+
+
+class EngineReplica:
+    """One replica: the server's app, built by `make_app` (commands/serve.app_from_args over
+    the command's flags), answering requests handed to it whole."""
+
+    def __init__(self, make_app: Callable[[], Any]) -> None:
+        from ray import serve
+
+        self.app = make_app()
+        self.name = str(serve.get_replica_context().replica_id.unique_id)
+
+    async def call(
+        self, keys: list[str], method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> AsyncIterator[Any]:
+        """The response's head ({status, headers, replica, pid}), then its body in chunks."""
+        exchange = Exchange(self.app, method, path, body, headers, door="ray", query=query)
+        try:
+            status = await exchange.start()
+            yield {"status": status, "headers": exchange.headers, "replica": self.name, "pid": os.getpid()}
+            async for chunk in exchange.chunks():
+                yield chunk
+        finally:
+            await exchange.close()  # the front's client left (or the stream ended): the job is done
+
+    async def check_health(self) -> None:
+        status, body = self.app.state.status()
+        if status >= 500 and body.get("status") == "error":
+            raise RuntimeError(f"the engine failed: {body}")
+
+
+class Front:
+    """The ingress: every route of the server, forwarded to an engine replica."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    async def __call__(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        body = await request.body()
+        keys = affinity_keys(request.url.path, body) if request.method == "POST" else []
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in HOP]
+        stream = self.engine.options(stream=True).call.remote(
+            keys, request.method, request.url.path, request.url.query.encode(), headers, body
+        )
+        try:
+            head = await stream.__anext__()
+        except Exception as e:  # the replica died before it answered
+            return JSONResponse(_error(f"the replica serving this request stopped before it answered ({e})"), 503)
+        out = {k: v for k, v in head["headers"].items() if k not in {"content-length", "transfer-encoding"}}
+        out["x-hybridrt-replica"], out["x-hybridrt-replica-pid"] = head["replica"], str(head["pid"])
+        sse = out.get("content-type", "").startswith("text/event-stream")
+
+        async def rest() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in stream:
+                    yield chunk
+            except Exception as e:  # the replica died mid-stream: the client hears so, never waits
+                if not sse:
+                    raise  # a JSON body cut short: the connection ends unfinished, as the client must see
+                error = _error(f"the replica serving this stream stopped ({type(e).__name__})")
+                yield b"data: " + json.dumps(error).encode() + b"\n\n"
+
+        return StreamingResponse(rest(), status_code=head["status"], headers=out)
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "server_error", "code": 503}}
+
+
+# --- the command -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """--ray's settings: replicas (a fixed count, or autoscaling from `replicas` to
+    `max_replicas` at `target_ongoing` requests per replica), CPUs per replica, the cluster."""
+
+    replicas: int = 1
+    max_replicas: int | None = None
+    target_ongoing: float = 2.0
+    cpus_per_replica: float = 1.0
+    address: str | None = None  # None: start a local cluster; "auto" or host:port: join one
+    local_cpus: int | None = None  # the local cluster's CPUs (default: every core)
+    router: str = "affinity"  # or "default": Ray's power of two choices
+    bound: int = 8  # requests in hand past which affinity gives way
+    max_ongoing: int = 72  # requests a replica takes before Ray queues them (slots + queue)
+    shutdown_s: float = 600.0  # a draining replica's time to finish its streams
+
+
+def application(make_app: Callable[[], Any], options: RayOptions) -> Any:
+    """The bound Ray Serve application (serve.run takes it)."""
+    from ray import serve
+
+    scaling: dict[str, Any] = {"num_replicas": options.replicas}
+    if options.max_replicas is not None:
+        scaling = {
+            "autoscaling_config": {
+                "min_replicas": options.replicas,
+                "max_replicas": options.max_replicas,
+                "target_ongoing_requests": options.target_ongoing,
+                "upscale_delay_s": 2.0,
+                "downscale_delay_s": 10.0,
+            }
+        }
+    if options.router == "affinity":
+        from ray.serve.config import RequestRouterConfig
+
+        scaling["request_router_config"] = RequestRouterConfig(
+            request_router_class=f"{__name__}:AffinityRouter",  # type: ignore[arg-type]
+            request_router_kwargs={"bound": options.bound},
+        )
+    engine = serve.deployment(
+        name="engine",
+        ray_actor_options={"num_cpus": options.cpus_per_replica},
+        max_ongoing_requests=options.max_ongoing,
+        graceful_shutdown_timeout_s=options.shutdown_s,
+        health_check_period_s=2.0,
+        **scaling,
+    )(EngineReplica)
+    front = serve.deployment(name="front", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096)(Front)
+    return front.bind(engine.bind(make_app))
+
+
+def run(make_app: Callable[[], Any], options: RayOptions, host: str, port: int) -> None:
+    """Start (or join) the cluster, run the application on host:port, and keep it up until
+    SIGINT or SIGTERM; then shut the application down (replicas finish their streams first)."""
+    import ray
+    from ray import serve
+
+    if options.address is None:
+        ray.init(num_cpus=options.local_cpus, include_dashboard=False, log_to_driver=False)
+    else:
+        ray.init(address=options.address, log_to_driver=False)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(application(make_app, options), name="hybridrt", route_prefix="/", blocking=False)
+    print(f"hybridrt on Ray Serve: http://{host}:{port}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    serve.shutdown()
+    ray.shutdown()

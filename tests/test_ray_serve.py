@@ -1,0 +1,135 @@
+"""`hybridrt serve --ray` on a real local Ray cluster (2 CPUs, 127.0.0.1): two engine replicas
+behind the front, answering as `hybridrt serve` does, a conversation's turns kept on the
+replica that holds its states, and a replica killed in the middle of a stream."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from serving import running, wait_for
+
+import hybridrt
+from hybridrt.deploy.ray_serve import BLOCK_CHARS, affinity_keys
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def cluster(default_onnx: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`hybridrt serve MODEL --ray --replicas 2` in its own process, on a local cluster of 2 CPUs."""
+    port = _free_port()
+    temp = tmp_path_factory.mktemp("ray")
+    env = os.environ | {"RAY_TMPDIR": str(temp), "RAY_USAGE_STATS_ENABLED": "0", "HYBRIDRT_THREADS": "1"}
+    cli = "import sys\nfrom hybridrt.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    argv = [sys.executable, "-c", cli, "serve", str(default_onnx), "--ray", "--replicas", "2"]
+    argv += ["--ray-cpus", "2", "--port", str(port), "--slots", "4", "--cache-mb", "64", "--model-name", "tiny"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_for(lambda: _healthy(url) or proc.poll() is not None, 120), "the Ray app did not come up"
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _complete(url: str, prompt: str, **body: object) -> httpx.Response:
+    payload = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0} | body
+    return httpx.post(f"{url}/v1/completions", json=payload, timeout=60)
+
+
+def test_prefix_keys_chain_turn_by_turn() -> None:
+    turn1 = "x" * (2 * BLOCK_CHARS + 10)
+    turn2 = turn1 + " reply and a new question " * 20
+    k1, k2 = affinity_keys("/v1/completions", json.dumps({"prompt": turn1}).encode()), []
+    k2 = affinity_keys("/v1/completions", json.dumps({"prompt": turn2}).encode())
+    assert len(k1) == 2 and k2[:2] == k1 and len(k2) > 2
+    other_model = affinity_keys("/v1/completions", json.dumps({"prompt": turn1, "model": "b"}).encode())
+    assert other_model[0] != k1[0]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    c1 = affinity_keys("/v1/chat/completions", json.dumps({"messages": messages[:1]}).encode())
+    c2 = affinity_keys("/v1/chat/completions", json.dumps({"messages": messages}).encode())
+    assert len(c1) == 1 and c2[:1] == c1
+    assert affinity_keys("/v1/completions", b"not json") == [] == affinity_keys("/v1/models", b"")
+
+
+def test_replicas_answer_as_the_server_does(cluster: str, default_onnx: Path) -> None:
+    prompt = "The quick brown fox"
+    with running(hybridrt.load(default_onnx), model_name="tiny", api_key=None) as local:
+        want = _complete(local.url, prompt).json()["choices"][0]["text"]
+        bad_local = _complete(local.url, prompt, temperature=-1)
+    got = _complete(cluster, prompt)
+    assert got.status_code == 200 and got.json()["choices"][0]["text"] == want
+    bad = _complete(cluster, prompt, temperature=-1)
+    assert bad.status_code == bad_local.status_code == 400
+    assert bad.json()["error"]["message"] == bad_local.json()["error"]["message"]
+    assert httpx.get(f"{cluster}/v1/models", timeout=30).json()["data"][0]["id"] == "tiny"
+    seen = {_complete(cluster, f"{i} " * 30).headers["x-hybridrt-replica"] for i in range(12)}
+    assert len(seen) == 2  # both replicas take new prompts
+
+
+def test_a_conversations_turns_stay_on_the_replica_with_its_states(cluster: str) -> None:
+    conversations = [f"Conversation {c}: " + "a story about the sea and the ships " * 12 for c in range(4)]
+    homes: dict[int, set[str]] = {c: set() for c in range(4)}
+    for turn in range(3):
+        for c, history in enumerate(conversations):
+            r = _complete(cluster, history, max_tokens=6)
+            assert r.status_code == 200
+            homes[c].add(r.headers["x-hybridrt-replica"])
+            if turn:
+                assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+            conversations[c] = history + r.json()["choices"][0]["text"] + f" and then turn {turn} came "
+    assert all(len(h) == 1 for h in homes.values()), homes
+
+
+def test_a_killed_replica_ends_its_streams_with_an_error_and_the_others_answer(
+    cluster: str, default_onnx: Path
+) -> None:
+    longest = hybridrt.load(default_onnx).manifest.max_length - 8
+    payload = {"model": "tiny", "prompt": "Once", "max_tokens": longest, "stream": True, "ignore_eos": True}
+    events: list[str] = []
+    with httpx.stream("POST", f"{cluster}/v1/completions", json=payload, timeout=60) as r:
+        assert r.status_code == 200
+        pid, victim = int(r.headers["x-hybridrt-replica-pid"]), r.headers["x-hybridrt-replica"]
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if len(events) == 3:
+                    os.kill(pid, signal.SIGKILL)
+    assert len(events) < longest and "error" in json.loads(events[-1])
+    t0 = time.monotonic()
+    after = _complete(cluster, "After the crash")
+    assert after.status_code == 200 and after.headers["x-hybridrt-replica"] != victim
+    assert time.monotonic() - t0 < 30
+
+    def two_again() -> bool:
+        return len({_complete(cluster, f"{i} again " * 30).headers["x-hybridrt-replica"] for i in range(8)}) == 2
+
+    assert wait_for(two_again, 90)  # Ray started a new replica
