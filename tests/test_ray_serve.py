@@ -4,12 +4,15 @@ replica that holds its states, and a replica killed in the middle of a stream.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +23,7 @@ from serving import running, wait_for
 
 import hybridrt
 from hybridrt.deploy.ray_serve import BLOCK_CHARS, affinity_keys
+from hybridrt.graphs.manifest import read_manifest
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -30,27 +34,50 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def cluster(default_onnx: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`hybridrt serve MODEL --ray --replicas 2` in its own process, on a local cluster of 2 CPUs."""
+CLI = "import sys\nfrom hybridrt.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+
+
+@contextlib.contextmanager
+def ray_serve(model: Path, *flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`hybridrt serve MODEL --ray --ray-cpus 2 FLAGS` in its own process (its own local cluster)."""
     port = _free_port()
-    temp = tmp_path_factory.mktemp("ray")
+    # Ray's socket paths live under its temp directory and must fit AF_UNIX's 107 bytes.
+    temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     env = os.environ | {"RAY_TMPDIR": str(temp), "RAY_USAGE_STATS_ENABLED": "0", "HYBRIDRT_THREADS": "1"}
-    cli = "import sys\nfrom hybridrt.cli import main\nsys.exit(main(sys.argv[1:]))\n"
-    argv = [sys.executable, "-c", cli, "serve", str(default_onnx), "--ray", "--replicas", "2"]
-    argv += ["--ray-cpus", "2", "--port", str(port), "--slots", "4", "--cache-mb", "64", "--model-name", "tiny"]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-c", CLI, "serve", str(model), "--ray", "--ray-cpus", "2", "--port", str(port), *flags]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert wait_for(lambda: _healthy(url) or proc.poll() is not None, 120), "the Ray app did not come up"
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        yield url
+        yield proc, f"http://127.0.0.1:{port}"
     finally:
-        proc.send_signal(signal.SIGTERM)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(default_onnx: Path) -> Iterator[str]:
+    """Two engine replicas of the default model on a local cluster of 2 CPUs, both answering."""
+    flags = ("--replicas", "2", "--slots", "4", "--cache-mb", "64", "--model-name", "tiny")
+    with ray_serve(default_onnx, *flags) as (proc, url):
+        assert wait_for(lambda: _healthy(url) or proc.poll() is not None, 120), "the Ray app did not come up"
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        yield url
+
+
+def test_a_model_that_does_not_load_fails_the_start_in_one_line(default_onnx: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(default_onnx, broken)
+    (broken / read_manifest(broken).graph_file).write_bytes(b"not a graph")
+    with ray_serve(broken, "--replicas", "1") as (proc, _):
+        _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 2
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("hybridrt: error: the Ray Serve application did not start: a replica could not load")
+    assert "model.onnx" in last and "Traceback" not in err
 
 
 def _healthy(url: str) -> bool:

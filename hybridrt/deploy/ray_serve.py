@@ -30,10 +30,12 @@ from typing import Any
 
 from ray.serve.request_router import FIFOMixin, RequestRouter
 
+from ..errors import GraphError
 from ..serve.exchange import Exchange
 
 BLOCK_CHARS = 256  # a completions prompt's text is keyed in blocks of this many characters
 BLOCK_TOKENS = 64  # ... a prompt of token ids in blocks of this many ids
+NOT_LOADED = "a replica could not load its model"
 MAX_KEYS = 200_000  # digests the router remembers (oldest forgotten first)
 # Headers that belong to the front's connection, not to the request the replica answers.
 HOP = {b"host", b"content-length", b"content-type", b"connection", b"transfer-encoding", b"keep-alive"}
@@ -124,6 +126,12 @@ class EngineReplica:
 
         self.app = make_app()
         self.name = str(serve.get_replica_context().replica_id.unique_id)
+        # Ready only once its models are loaded: Ray sends no request to a replica still starting.
+        for engine in self.app.state.engines.values():
+            while not engine.ready.wait(0.05) and engine.error is None:
+                pass
+            if engine.error is not None:
+                raise RuntimeError(f"{NOT_LOADED}: {engine.error}") from engine.error
 
     async def call(
         self, keys: list[str], method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes
@@ -139,9 +147,10 @@ class EngineReplica:
             await exchange.close()  # the front's client left (or the stream ended): the job is done
 
     async def check_health(self) -> None:
+        """Ray's health check: a replica whose engine failed is replaced."""
         status, body = self.app.state.status()
-        if status >= 500 and body.get("status") == "error":
-            raise RuntimeError(f"the engine failed: {body}")
+        if body.get("status") == "failed":
+            raise RuntimeError(f"the engine failed: {body['error']}")
 
 
 class Front:
@@ -232,10 +241,21 @@ def application(make_app: Callable[[], Any], options: RayOptions) -> Any:
         max_ongoing_requests=options.max_ongoing,
         graceful_shutdown_timeout_s=options.shutdown_s,
         health_check_period_s=2.0,
+        max_constructor_retry_count=3,  # a model that does not load fails the start, not forever
         **scaling,
     )(EngineReplica)
     front = serve.deployment(name="front", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096)(Front)
     return front.bind(engine.bind(make_app))
+
+
+def _deployment_message() -> str:
+    """What Ray Serve says of the engine deployment (a replica's constructor error)."""
+    from ray import serve
+
+    try:
+        return str(serve.status().applications["hybridrt"].deployments["engine"].message)
+    except Exception:
+        return ""
 
 
 def run(make_app: Callable[[], Any], options: RayOptions, host: str, port: int) -> None:
@@ -249,7 +269,16 @@ def run(make_app: Callable[[], Any], options: RayOptions, host: str, port: int) 
     else:
         ray.init(address=options.address, log_to_driver=False)
     serve.start(http_options={"host": host, "port": port})
-    serve.run(application(make_app, options), name="hybridrt", route_prefix="/", blocking=False)
+    try:
+        serve.run(application(make_app, options), name="hybridrt", route_prefix="/", blocking=False)
+    except Exception as e:  # a replica that cannot start (its model, its port): one line, not Ray's trace
+        text = (_deployment_message() or str(e)).splitlines() or [repr(e)]
+        serve.shutdown()
+        ray.shutdown()
+        why = [line for line in text if NOT_LOADED in line] or [line for line in text if "Error" in line] or text
+        raise GraphError(
+            f"the Ray Serve application did not start: {why[-1].strip().removeprefix('RuntimeError: ')}"
+        ) from None
     print(f"hybridrt on Ray Serve: http://{host}:{port}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
