@@ -214,7 +214,8 @@ def main() -> None:
     tokenizer = args.model / "tokenizer.json"
     logs = args.out.parent / "ray-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"rounds": []}
+    results: dict[str, Any] = {"setup": {"model": str(args.model), "cpus": args.cpus, "host": os.uname().nodename}}
+    results["rounds"] = []
     two = ["--replicas", "2", "--replica-cpus", "1", "--threads", "1"]
     for r in range(args.rounds if "routers" in args.only else 0):
         order = ["affinity", "default"] if r % 2 == 0 else ["default", "affinity"]
@@ -274,7 +275,15 @@ def _fmt(values: list[Any]) -> str:
 
 
 def report(results: dict[str, Any], out: Path) -> None:
+    setup = results.get("setup", {})
     lines = ["# hybridrt serve --ray (scripts/bench_ray.py)", ""]
+    lines += [
+        f"Model {Path(setup.get('model', '?')).name} (the granite-h-350m shape, int4), a local Ray cluster of "
+        f"{setup.get('cpus', '?')} CPUs, each shape in its own server process, routers alternating by round; "
+        "16 concurrent completions conversations, each turn resending its history with ~150 new tokens and "
+        "taking 24 reply tokens.",
+        "",
+    ]
     for i, rnd in enumerate(results["rounds"], 1):
         lines += [f"## Round {i}: 16 conversations of 6 turns at once, 2 replicas x 1 thread", ""]
         lines += [
