@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,6 +84,18 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"fuzz: {sum(fuzz.values())} cases, {fuzz['worked']} worked, {fuzz['typed error']} typed errors, "
             f"{fuzz['failure']} failures"
         )
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check that must not need the network (a CI runner, an air-gapped cluster): any socket
+    the test opens fails it."""
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the check tried to open a network connection")
+
+    monkeypatch.setattr(socket, "socket", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
 
 
 @pytest.fixture(scope="session")

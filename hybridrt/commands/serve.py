@@ -147,6 +147,30 @@ def run(args: argparse.Namespace) -> int:
 def _run_on_ray(args: argparse.Namespace) -> int:
     """The same app in each Ray Serve replica (deploy/ray_serve.py). Flags are checked and the
     models found (the default model exported) here, before a cluster starts."""
+    ray_serve, options = _ray_options(args)
+    ray_serve.run(functools.partial(app_from_args, args), options, args.host, args.port)
+    return 0
+
+
+def ray_app(config: dict[str, Any]) -> Any:
+    """Ray Serve's application builder, for a Serve config file or KubeRay's RayService
+    (deploy/kuberay/): `import_path: hybridrt.commands.serve:ray_app` with `args: {argv: [MODEL,
+    ...flags of hybridrt serve --ray]}`; the cluster, host and port are the config's."""
+    from ..cli import build_parser
+
+    argv = config.get("argv")
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        from ..errors import GraphError
+
+        raise GraphError(f"ray_app's args need argv: a list of strings (MODEL and flags), got {argv!r}")
+    args = build_parser().parse_args(["serve", *argv, "--ray"])
+    ray_serve, options = _ray_options(args)
+    return ray_serve.application(functools.partial(app_from_args, args), options)
+
+
+def _ray_options(args: argparse.Namespace) -> tuple[Any, Any]:
+    """deploy.ray_serve and the RayOptions of the flags, after checking them (and rewriting the
+    models as NAME=DIR, found once, so that replicas read the same directories)."""
     from ..errors import GraphError
 
     try:
@@ -179,8 +203,7 @@ def _run_on_ray(args: argparse.Namespace) -> int:
         max_ongoing=args.slots + args.max_queue,
         shutdown_s=args.timeout,
     )
-    ray_serve.run(functools.partial(app_from_args, args), options, args.host, args.port)
-    return 0
+    return ray_serve, options
 
 
 def app_from_args(args: argparse.Namespace) -> Any:
