@@ -39,12 +39,17 @@ CLI = "import sys\nfrom hybridrt.cli import main\nsys.exit(main(sys.argv[1:]))\n
 
 @contextlib.contextmanager
 def ray_serve(model: Path, *flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`hybridrt serve MODEL --ray --ray-cpus 2 FLAGS` in its own process (its own local cluster)."""
+    """`hybridrt serve MODEL --ray FLAGS` in its own process (on its own local cluster of 2 CPUs
+    unless FLAGS name a running one)."""
     port = _free_port()
     # Ray's socket paths live under its temp directory and must fit AF_UNIX's 107 bytes.
     temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     env = os.environ | {"RAY_TMPDIR": str(temp), "RAY_USAGE_STATS_ENABLED": "0", "HYBRIDRT_THREADS": "1"}
-    argv = [sys.executable, "-c", CLI, "serve", str(model), "--ray", "--ray-cpus", "2", "--port", str(port), *flags]
+    # Ray rewrites a 127.0.0.1 cluster address to the host's own address unless told this is a
+    # one-machine setup: the tests' clusters listen on the loopback interface only.
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    local = [] if "--ray-address" in flags else ["--ray-cpus", "2"]
+    argv = [sys.executable, "-c", CLI, "serve", str(model), "--ray", *local, "--port", str(port), *flags]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         yield proc, f"http://127.0.0.1:{port}"
@@ -160,3 +165,38 @@ def test_a_killed_replica_ends_its_streams_with_an_error_and_the_others_answer(
         return len({_complete(cluster, f"{i} again " * 30).headers["x-hybridrt-replica"] for i in range(8)}) == 2
 
     assert wait_for(two_again, 90)  # Ray started a new replica
+
+
+def test_replicas_spread_over_two_nodes_of_a_running_cluster(default_onnx: Path) -> None:
+    """A cluster of two raylets (a head and a worker node, 1 CPU each), joined with
+    --ray-address: one replica on each node, both answering through the head's proxy."""
+    from ray.cluster_utils import Cluster
+
+    temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    head = {"num_cpus": 1, "temp_dir": str(temp), "include_dashboard": False, "node_ip_address": "127.0.0.1"}
+    nodes = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        nodes.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+        flags = ("--ray-address", nodes.address, "--replicas", "2", "--slots", "2", "--model-name", "tiny")
+        with ray_serve(default_onnx, *flags) as (proc, url):
+            assert wait_for(lambda: _healthy(url) or proc.poll() is not None, 120), "the Ray app did not come up"
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            nodes_seen: set[str] = set()
+
+            def both_nodes() -> bool:  # the second replica may still be starting when /health first answers
+                r = _complete(url, f"{len(nodes_seen)} {time.monotonic()} on a node " * 10)
+                nodes_seen.update([r.headers["x-hybridrt-replica-node"]] if r.status_code == 200 else [])
+                return len(nodes_seen) == 2
+
+            assert wait_for(both_nodes, 60), f"replicas answered from {len(nodes_seen)} node(s)"
+            answers = [_complete(url, f"{i} on a node " * 20) for i in range(12)]
+            assert all(r.status_code == 200 for r in answers), [(r.status_code, r.text[:300]) for r in answers]
+    finally:
+        nodes.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_the_local_cluster_size_is_refused_with_a_running_cluster(default_onnx: Path) -> None:
+    argv = [sys.executable, "-c", CLI, "serve", str(default_onnx), "--ray", "--ray-cpus", "2", "--ray-address", "auto"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--ray-cpus sizes the local cluster" in done.stderr

@@ -184,6 +184,8 @@ def _ray_options(args: argparse.Namespace) -> tuple[Any, Any]:
             "--log-file is not used with --ray: each replica writes its request log lines to its own Ray log "
             "(<ray temp dir>/session_latest/logs/serve/replica_hybridrt_engine_*.log)"
         )
+    if args.ray_cpus is not None and args.ray_address is not None:
+        raise GraphError("--ray-cpus sizes the local cluster; a running cluster (--ray-address) has its own CPUs")
     if args.replicas < 1 or (args.max_replicas is not None and args.max_replicas < args.replicas):
         raise GraphError(
             f"--replicas must be >= 1 and --max-replicas >= --replicas, got {args.replicas}, {args.max_replicas}"

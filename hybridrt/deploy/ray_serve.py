@@ -35,6 +35,8 @@ from ..serve.exchange import Exchange
 
 BLOCK_CHARS = 256  # a completions prompt's text is keyed in blocks of this many characters
 BLOCK_TOKENS = 64  # ... a prompt of token ids in blocks of this many ids
+LOOPBACK = "127.0.0.1"
+APP = "hybridrt"  # the Ray Serve application's name
 NOT_LOADED = "a replica could not load its model"
 MAX_KEYS = 200_000  # digests the router remembers (oldest forgotten first)
 # Headers that belong to the front's connection, not to the request the replica answers.
@@ -122,10 +124,12 @@ class EngineReplica:
     the command's flags), answering requests handed to it whole."""
 
     def __init__(self, make_app: Callable[[], Any]) -> None:
+        import ray
         from ray import serve
 
         self.app = make_app()
         self.name = str(serve.get_replica_context().replica_id.unique_id)
+        self.node = ray.get_runtime_context().get_node_id()
         # Ready only once its models are loaded: Ray sends no request to a replica still starting.
         for engine in self.app.state.engines.values():
             while not engine.ready.wait(0.05) and engine.error is None:
@@ -140,7 +144,13 @@ class EngineReplica:
         exchange = Exchange(self.app, method, path, body, headers, door="ray", query=query)
         try:
             status = await exchange.start()
-            yield {"status": status, "headers": exchange.headers, "replica": self.name, "pid": os.getpid()}
+            yield {
+                "status": status,
+                "headers": exchange.headers,
+                "replica": self.name,
+                "pid": os.getpid(),
+                "node": self.node,
+            }
             async for chunk in exchange.chunks():
                 yield chunk
         finally:
@@ -174,6 +184,7 @@ class Front:
             return JSONResponse(_error(f"the replica serving this request stopped before it answered ({e})"), 503)
         out = {k: v for k, v in head["headers"].items() if k not in {"content-length", "transfer-encoding"}}
         out["x-hybridrt-replica"], out["x-hybridrt-replica-pid"] = head["replica"], str(head["pid"])
+        out["x-hybridrt-replica-node"] = head["node"]
         sse = out.get("content-type", "").startswith("text/event-stream")
 
         async def rest() -> AsyncIterator[bytes]:
@@ -253,7 +264,7 @@ def _deployment_message() -> str:
     from ray import serve
 
     try:
-        return str(serve.status().applications["hybridrt"].deployments["engine"].message)
+        return str(serve.status().applications[APP].deployments["engine"].message)
     except Exception:
         return ""
 
@@ -264,17 +275,16 @@ def run(make_app: Callable[[], Any], options: RayOptions, host: str, port: int) 
     import ray
     from ray import serve
 
-    if options.address is None:
-        ray.init(num_cpus=options.local_cpus, include_dashboard=False, log_to_driver=False)
+    if options.address is None:  # the local cluster listens on the loopback interface only
+        ray.init(num_cpus=options.local_cpus, include_dashboard=False, log_to_driver=False, _node_ip_address=LOOPBACK)
     else:
         ray.init(address=options.address, log_to_driver=False)
     serve.start(http_options={"host": host, "port": port})
     try:
-        serve.run(application(make_app, options), name="hybridrt", route_prefix="/", blocking=False)
+        serve.run(application(make_app, options), name=APP, route_prefix="/", blocking=False)
     except Exception as e:  # a replica that cannot start (its model, its port): one line, not Ray's trace
         text = (_deployment_message() or str(e)).splitlines() or [repr(e)]
-        serve.shutdown()
-        ray.shutdown()
+        _leave(options)
         why = [line for line in text if NOT_LOADED in line] or [line for line in text if "Error" in line] or text
         raise GraphError(
             f"the Ray Serve application did not start: {why[-1].strip().removeprefix('RuntimeError: ')}"
@@ -284,5 +294,17 @@ def run(make_app: Callable[[], Any], options: RayOptions, host: str, port: int) 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    serve.shutdown()
+    _leave(options)
+
+
+def _leave(options: RayOptions) -> None:
+    """Take the application down: with the local cluster, Serve and the cluster too; on a running
+    cluster only this application (other applications and Serve itself stay)."""
+    import ray
+    from ray import serve
+
+    if options.address is None:
+        serve.shutdown()
+    else:
+        serve.delete(APP)
     ray.shutdown()
