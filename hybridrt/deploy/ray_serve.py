@@ -290,21 +290,29 @@ def run(make_app: Callable[[], Any], options: RayOptions, host: str, port: int) 
             f"the Ray Serve application did not start: {why[-1].strip().removeprefix('RuntimeError: ')}"
         ) from None
     print(f"hybridrt on Ray Serve: http://{host}:{port}", flush=True)
-    stop = threading.Event()
+    stop, received = threading.Event(), []
+
+    def on_signal(number: int, frame: Any) -> None:
+        received.append(number)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     stop.wait()
-    _leave(options)
+    # Ctrl-C at a terminal reaches the whole process group, the local cluster's own processes
+    # too: they are already stopping, so there is nothing left to drain through.
+    _leave(options, drain=not (options.address is None and received[0] == signal.SIGINT))
 
 
-def _leave(options: RayOptions) -> None:
-    """Take the application down: with the local cluster, Serve and the cluster too; on a running
-    cluster only this application (other applications and Serve itself stay)."""
+def _leave(options: RayOptions, drain: bool = True) -> None:
+    """Take the application down, open streams finished first (`drain`): with the local cluster,
+    Serve and the cluster too; on a running cluster only this application (other applications
+    and Serve itself stay)."""
     import ray
     from ray import serve
 
-    if options.address is None:
+    if drain and options.address is None:
         serve.shutdown()
-    else:
+    elif drain:
         serve.delete(APP)
     ray.shutdown()
