@@ -38,8 +38,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _share_cores(workers: int) -> None:
     """Each xdist worker, and every process it starts, gets its share of the cores: torch's
-    and onnxruntime's pools (HYBRIDRT_THREADS) otherwise each start one thread per core, and
-    two workers' spinning pools on two cores took 42% more wall time (warm run, 239 s vs 137 s)."""
+    and onnxruntime's pools (HYBRIDRT_THREADS) otherwise each start one thread per core: on two
+    cores, a warm run took 239 s that way and 137 s with a thread per worker."""
     import torch
 
     share = max(1, (os.cpu_count() or 1) // workers)

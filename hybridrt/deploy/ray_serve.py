@@ -31,7 +31,9 @@ from typing import Any
 from ray.serve.request_router import FIFOMixin, RequestRouter
 
 from ..errors import GraphError
+from ..serve.api_error import ApiError
 from ..serve.exchange import Exchange
+from ..serve.openai import error_event
 
 BLOCK_CHARS = 256  # a completions prompt's text is keyed in blocks of this many characters
 BLOCK_TOKENS = 64  # ... a prompt of token ids in blocks of this many ids
@@ -170,7 +172,9 @@ class Front:
         self.engine = engine
 
     async def __call__(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.responses import StreamingResponse
+
+        from ..serve.app import error_response
 
         body = await request.body()
         keys = affinity_keys(request.url.path, body) if request.method == "POST" else []
@@ -181,7 +185,7 @@ class Front:
         try:
             head = await stream.__anext__()
         except Exception as e:  # the replica died before it answered
-            return JSONResponse(_error(f"the replica serving this request stopped before it answered ({e})"), 503)
+            return error_response(_gone(f"the replica serving this request stopped before it answered ({e})"))
         out = {k: v for k, v in head["headers"].items() if k not in {"content-length", "transfer-encoding"}}
         out["x-hybridrt-replica"], out["x-hybridrt-replica-pid"] = head["replica"], str(head["pid"])
         out["x-hybridrt-replica-node"] = head["node"]
@@ -194,14 +198,14 @@ class Front:
             except Exception as e:  # the replica died mid-stream: the client hears so, never waits
                 if not sse:
                     raise  # a JSON body cut short: the connection ends unfinished, as the client must see
-                error = _error(f"the replica serving this stream stopped ({type(e).__name__})")
-                yield b"data: " + json.dumps(error).encode() + b"\n\n"
+                yield error_event(_gone(f"the replica serving this stream stopped ({type(e).__name__})"))
 
         return StreamingResponse(rest(), status_code=head["status"], headers=out)
 
 
-def _error(message: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": "server_error", "code": 503}}
+def _gone(message: str) -> ApiError:
+    """The server's own 503 (its OpenAI error body), for a replica that died under a request."""
+    return ApiError(503, message, code="replica_gone")
 
 
 # --- the command -----------------------------------------------------------------------------
