@@ -145,7 +145,7 @@ def jamba_traces(jamba_dir: Path) -> dict[str, Any]:
     """Jamba's outer graph and every distinct layer's template, layer 0's included, traced at 5
     and at 37 tokens (anew: no trace cache is read here), and the layer export makes layer 0's
     template from."""
-    from hybridrt.export import fragments
+    from hybridrt.export import fragments, onnx_export
     from hybridrt.export.first_block import first_from
 
     cfg = load_model(jamba_dir)[0].config
@@ -161,7 +161,12 @@ def jamba_traces(jamba_dir: Path) -> dict[str, Any]:
             mp.setattr(fragments, "EXAMPLE_SEQ", seq)
             own = {m[0]: fragments.trace_layer(cfg, outer, m[0], blocks[m[0]], shared, True) for m in groups.values()}
             traces[seq] = own | {-1: fragments.trace_outer(cfg, outer, True)}
-    return {"traces": traces, "source": first_from(groups)}
+        # torch.onnx.export's own path, which builds the exporter's registry on every call
+        mp.setattr(fragments, "EXAMPLE_SEQ", 5)
+        mp.setattr(onnx_export, "_registry", lambda: None)
+        own = {m[0]: fragments.trace_layer(cfg, outer, m[0], blocks[m[0]], shared, True) for m in groups.values()}
+        public = own | {-1: fragments.trace_outer(cfg, outer, True)}
+    return {"traces": traces, "source": first_from(groups), "public": public}
 
 
 def test_node_count_does_not_depend_on_trace_length(jamba_traces: dict[str, Any]) -> None:
@@ -198,6 +203,20 @@ def _canonical(template: Any, index: int) -> str:
             if dim.dim_param[:1] == "s" and dim.dim_param[1:].isdigit():
                 dim.dim_param = "s"
     return str(sorted(str(n) for n in graph.node)) + str(sorted(str(v) for v in [*graph.input, *graph.output]))
+
+
+def test_the_exporter_registry_built_once_gives_torch_onnx_exports_graphs(jamba_traces: dict[str, Any]) -> None:
+    """Templates are translated with the exporter's registry built once per process (the torch
+    the project pins takes it); every Jamba template equals the one torch.onnx.export writes,
+    fused operators' translations included."""
+    from hybridrt.export import onnx_export
+
+    assert onnx_export._registry() is not None
+    built, public = jamba_traces["traces"][5], jamba_traces["public"]
+    assert built.keys() == public.keys()
+    assert any(n.domain == "com.microsoft" for t in built.values() for n in t.model.graph.node)
+    for i in built:
+        assert _canonical(built[i], max(i, 0)) == _canonical(public[i], max(i, 0)), f"template {i}"
 
 
 def test_layer_0_made_from_a_later_layer_is_the_traced_one(jamba_traces: dict[str, Any]) -> None:
