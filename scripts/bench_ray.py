@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,50 @@ def conversations(url: str, words: list[Words], turns: int = 6) -> dict[str, Any
         "cached": [sum(r["cached"] or 0 for r in turn) for turn in by_turn],
         "prompt_tokens": [sum(r["prompt_tokens"] or 0 for r in turn) for turn in by_turn],
     }
+
+
+def moves(url: str, words: Words, lengths: tuple[int, ...] = (64, 256, 1024, 2048), busy: int = 8) -> dict[str, Any]:
+    """Per history length: turn 1 on its replica, that replica then held busy (`busy` open
+    streams, the affinity bound), turn 2 (the reply and ~32 new tokens) sent elsewhere: its TTFT
+    and what moved (x-hybridrt-state-from: tokens, bytes, milliseconds)."""
+    out: dict[str, Any] = {"length": [], "ttft_ms": [], "cached": [], "moved": [], "home_kept": []}
+    for n in lengths:
+        history = f"User: {words.text(n)}\nAssistant:"
+        first = httpx.post(
+            f"{url}/v1/completions", json={"model": "m", "prompt": history, "max_tokens": REPLY}, timeout=600
+        )
+        home = first.headers["x-hybridrt-replica"]
+        turn2 = history + first.json()["choices"][0]["text"] + f"\nUser: {words.text(32)}\nAssistant:"
+        hold = {"model": "m", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        with ExitStack() as streams:
+            for i in range(busy):
+                body = hold | {"prompt": f"{history} {i}"}
+                streams.enter_context(httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600))
+            t0 = time.perf_counter()
+            body = {
+                "model": "m",
+                "prompt": turn2,
+                "max_tokens": 4,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            ttft, cached, moved, replica = None, None, None, None
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as r:
+                replica, moved = r.headers["x-hybridrt-replica"], r.headers.get("x-hybridrt-state-from")
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        chunk = json.loads(line[6:])
+                        if chunk.get("choices") and ttft is None:
+                            ttft = 1e3 * (time.perf_counter() - t0)
+                        cached = ((chunk.get("usage") or {}).get("prompt_tokens_details") or {}).get(
+                            "cached_tokens", cached
+                        )
+        out["length"].append(words.count(turn2))
+        out["ttft_ms"].append(ttft)
+        out["cached"].append(cached)
+        out["moved"].append(moved)
+        out["home_kept"].append(replica == home)
+    return out
 
 
 def throughput(url: str, words: Words, streams: int = 16, tokens: int = 64) -> dict[str, Any]:
@@ -209,7 +253,7 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=16)
     ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("docs/bench/ray"))
-    ap.add_argument("--only", nargs="*", default=["routers", "replicas", "kill", "autoscale"])
+    ap.add_argument("--only", nargs="*", default=["routers", "moves", "replicas", "kill", "autoscale"])
     args = ap.parse_args()
     tokenizer = args.model / "tokenizer.json"
     logs = args.out.parent / "ray-logs"
@@ -231,6 +275,18 @@ def main() -> None:
                 one_round[router] = conversations(url, words)
             print(router, json.dumps(one_round[router]), flush=True)
         results["rounds"].append(one_round)
+    if "moves" in args.only:
+        results["moves"] = {}
+        for r in range(args.rounds):
+            for state_moves in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                log = logs / f"moves-{state_moves}-{r}.log"
+                with cluster(args.model, args.template, args.cpus, log, *two, "--ray-state-moves", state_moves) as url:
+                    _replicas(url, 8)
+                    w = Words(tokenizer)
+                    w.at = 4001 * (r + 1)
+                    got = moves(url, w)
+                results["moves"].setdefault(state_moves, []).append(got)
+                print("moves", state_moves, json.dumps(got), flush=True)
     if "replicas" in args.only:
         shapes = {
             "2 replicas x 1 thread": two,
@@ -274,6 +330,13 @@ def _fmt(values: list[Any]) -> str:
     return ", ".join("-" if v is None else f"{v:.0f}" if isinstance(v, float) else str(v) for v in values)
 
 
+def _moved(header: str | None) -> str:
+    if not header:
+        return "-"
+    fields = dict(f.split("=") for f in header.split("; ")[1:])
+    return f"{fields['tokens']} / {int(fields['bytes']) / 2**20:.1f} MiB / {fields['ms']}"
+
+
 def report(results: dict[str, Any], out: Path) -> None:
     setup = results.get("setup", {})
     lines = ["# hybridrt serve --ray (scripts/bench_ray.py)", ""]
@@ -295,6 +358,22 @@ def report(results: dict[str, Any], out: Path) -> None:
                 f"| {router} | {_fmt(rec['ttft_p50_ms'])} | {_fmt(rec['ttft_p90_ms'])} | "
                 f"{_fmt(rec['cached'])} | {_fmt(rec['prompt_tokens'])} |"
             )
+        lines.append("")
+    if "moves" in results:
+        lines += ["## A turn sent past its busy replica: its states moved, or prefilled again", ""]
+        lines += [
+            "Turn 1 (a history of about 64 to 2,048 tokens) on its replica; that replica then held by 8 open streams "
+        ]
+        lines += ["(the affinity bound), so turn 2 (the reply and ~32 new tokens) goes to the other replica.", ""]
+        lines += [
+            "| state moves | round | turn-2 prompt tokens | TTFT, ms | reused tokens | moved (tokens, bytes, ms) |"
+        ]
+        lines += ["|---|---|---|---|---|---|"]
+        for mode, runs in results["moves"].items():
+            for i, rec in enumerate(runs, 1):
+                moved = "; ".join(_moved(m) for m in rec["moved"])
+                figures = f"{_fmt(rec['length'])} | {_fmt(rec['ttft_ms'])} | {_fmt(rec['cached'])}"
+                lines.append(f"| {mode} | {i} | {figures} | {moved} |")
         lines.append("")
     if "throughput" in results:
         lines += ["## 16 streams (128-token prompts, 64 tokens each): aggregate decode", ""]

@@ -16,7 +16,7 @@ import hybridrt
 from hybridrt.cli import main
 from hybridrt.graphs.manifest import read_manifest
 from hybridrt.quantization import QuantizationError, quantize
-from hybridrt.quantization.methods import FLOAT32_OPS
+from hybridrt.quantization.half import FLOAT32_OPS
 
 SMALL = exports.REPORT
 

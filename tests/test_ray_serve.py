@@ -22,6 +22,7 @@ import pytest
 from serving import running, wait_for
 
 import hybridrt
+from hybridrt.deploy.ray_peers import StateDirectory, TransferCost
 from hybridrt.deploy.ray_serve import BLOCK_CHARS, affinity_keys
 from hybridrt.graphs.manifest import read_manifest
 
@@ -34,6 +35,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+SLOTS = 4  # of each replica of the module's cluster, which is also the affinity router's bound
 CLI = "import sys\nfrom hybridrt.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
 
@@ -66,7 +68,7 @@ def ray_serve(model: Path, *flags: str) -> Iterator[tuple[subprocess.Popen[str],
 @pytest.fixture(scope="module")
 def cluster(default_onnx: Path) -> Iterator[str]:
     """Two engine replicas of the default model on a local cluster of 2 CPUs, both answering."""
-    flags = ("--replicas", "2", "--slots", "4", "--cache-mb", "64", "--model-name", "tiny")
+    flags = ("--replicas", "2", "--slots", str(SLOTS), "--cache-mb", "64", "--model-name", "tiny")
     with ray_serve(default_onnx, *flags) as (proc, url):
         assert wait_for(lambda: _healthy(url) or proc.poll() is not None, 120), "the Ray app did not come up"
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
@@ -112,6 +114,22 @@ def test_prefix_keys_chain_turn_by_turn() -> None:
     assert affinity_keys("/v1/completions", b"not json") == [] == affinity_keys("/v1/models", b"")
 
 
+def test_a_state_moves_only_where_it_beats_prefilling_again() -> None:
+    """The move's expected time (latency + bytes at the measured rate) against the prefill it
+    saves; moves refine the rate; the directory names the holder of the longest prefix."""
+    cost = TransferCost(latency_s=0.010, seconds_per_byte=1e-9)
+    state = 25 << 20  # granite-h-350m's float32 states, ~26 MB: 36 ms expected
+    assert not cost.worth(5, state, 0.0054) and cost.worth(10, state, 0.0054)
+    assert not cost.worth(0, 0, 1.0)
+    cost.observe(state, 0.010 + state * 4e-9)  # a slower move than expected
+    assert 1e-9 < cost.seconds_per_byte < 4e-9 and not cost.worth(10, state, 0.0054)
+    directory = StateDirectory()
+    directory.record(["a", "b"], "r1")
+    directory.record(["a", "b", "c"], "r2")
+    assert directory.holder(["a", "b", "c", "d"]) == "r2" and directory.holder(["a"]) == "r2"
+    assert directory.holder(["x"]) is None
+
+
 def test_replicas_answer_as_the_server_does(cluster: str, default_onnx: Path) -> None:
     prompt = "The quick brown fox"
     with running(hybridrt.load(default_onnx), model_name="tiny", api_key=None) as local:
@@ -139,6 +157,34 @@ def test_a_conversations_turns_stay_on_the_replica_with_its_states(cluster: str)
                 assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
             conversations[c] = history + r.json()["choices"][0]["text"] + f" and then turn {turn} came "
     assert all(len(h) == 1 for h in homes.values()), homes
+
+
+def test_a_turn_sent_past_its_busy_replica_resumes_from_states_moved_there(cluster: str, default_onnx: Path) -> None:
+    """A conversation's next turn that the router sends elsewhere (its replica has `--slots`
+    requests in hand) resumes from the holder's state, moved through Ray's object store, and
+    answers as a cold server does."""
+    history = "A log of the harbour: " + "ships came in with the tide and left at dawn. " * 14
+    first = _complete(cluster, history, max_tokens=6)
+    assert first.status_code == 200
+    home = first.headers["x-hybridrt-replica"]
+    turn2 = history + first.json()["choices"][0]["text"] + " The harbour master wrote again: " * 3
+    busy = {"model": "tiny", "max_tokens": 400, "stream": True, "ignore_eos": True}
+    with contextlib.ExitStack() as streams:
+        for i in range(SLOTS):  # the affinity bound: the holder now has --slots requests in hand
+            r = streams.enter_context(
+                httpx.stream("POST", f"{cluster}/v1/completions", json=busy | {"prompt": f"{history} {i}"}, timeout=60)
+            )
+            assert r.status_code == 200 and r.headers["x-hybridrt-replica"] == home
+        moved = _complete(cluster, turn2, max_tokens=8)
+    assert moved.status_code == 200 and moved.headers["x-hybridrt-replica"] != home
+    source, *fields = moved.headers["x-hybridrt-state-from"].split("; ")
+    figures = dict(f.split("=") for f in fields)
+    assert source == home and int(figures["tokens"]) > 100 and int(figures["bytes"]) > 0
+    assert moved.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == int(figures["tokens"])
+    with running(hybridrt.load(default_onnx), model_name="tiny", api_key=None) as local:
+        cold = _complete(local.url, turn2, max_tokens=8).json()
+    assert moved.json()["choices"][0]["text"] == cold["choices"][0]["text"]
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
 def test_a_killed_replica_ends_its_streams_with_an_error_and_the_others_answer(

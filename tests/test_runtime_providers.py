@@ -102,7 +102,7 @@ def test_cuda_loads_its_libraries_before_the_session(jamba_onnx: Path, monkeypat
 def test_serve_device_id_picks_a_cuda_device() -> None:
     """`hybridrt serve --device-id N`: CUDA on device N (with --provider cuda or auto), its
     tensors placed there; refused with another provider or a negative id."""
-    from hybridrt.commands.serve import device_provider
+    from hybridrt.runtime.providers import device_provider
 
     assert device_provider("auto", None) == "auto"
     for given in ("cuda", "CUDAExecutionProvider", "auto"):

@@ -12,7 +12,7 @@ import pytest
 
 import hybridrt
 from hybridrt import GenerationTimeout
-from hybridrt.runtime import model as model_module
+from hybridrt.runtime import streaming
 from hybridrt.runtime.model import Model
 
 PROMPT = [5, 6, 7, 8]
@@ -25,14 +25,14 @@ def model(jamba_onnx: Path) -> Model:
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """model.py's clock: each reading one second after the last."""
+    """The time limits' clock (runtime/streaming.py): each reading one second after the last."""
     now = [0.0]
 
     def monotonic() -> float:
         now[0] += 1.0
         return now[0]
 
-    monkeypatch.setattr(model_module, "time", SimpleNamespace(monotonic=monotonic))
+    monkeypatch.setattr(streaming, "time", SimpleNamespace(monotonic=monotonic))
     return now
 
 

@@ -42,28 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="exported ONNX directory, or 'default'")
     p.add_argument("-o", "--output", required=True, help="output directory (must not exist unless --force)")
     p.add_argument("--mode", choices=list(MODES), help="; ".join(f"{k}: {v}" for k, v in MODES.items()))
-    p.add_argument(
-        "--auto",
-        action="store_true",
-        help="instead of --mode: build the candidates that fit --budget-mb, drop those that fail a gate, keep the "
-        "fastest (--objective) by measurement on this machine, and write it with its plan (plan.json)",
-    )
-    p.add_argument(
-        "--plan", type=Path, metavar="PLAN_JSON", help="write a plan's chosen candidate again, measuring nothing"
-    )
-    p.add_argument(
-        "--recheck",
-        action="store_true",
-        help="measure the model an --auto run wrote at -o again (quality against MODEL, speed) on this machine and "
-        "say whether its plan still holds (exit 1 if a gate fails now)",
-    )
-    p.add_argument("--budget-mb", type=float, help="--auto: weights plus the states and KV of --context x --batch")
-    p.add_argument("--context", type=int, default=2048, help="--auto: tokens per sequence the budget holds")
-    p.add_argument("--batch", type=int, default=1, help="--auto: sequences the budget holds")
-    p.add_argument("--objective", default="decode", choices=OBJECTIVES, help="--auto: what the winner is best at")
-    p.add_argument("--candidates", help="--auto: comma-separated candidate names to try (default: all)")
-    p.add_argument("--max-nll-delta", type=float, help="--auto: drop a candidate whose NLL rises more than this")
-    p.add_argument("--max-kl", type=float, help="--auto: drop a candidate whose mean KL to float exceeds this")
+    _add_auto_options(p)
     algos = ", ".join(f"{m}: {'|'.join(a)}" for m, a in ALGOS.items())
     p.add_argument(
         "--algo",
@@ -106,6 +85,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(a quarter of float32's memory); float16 (with --mode float16) runs attention in float16 with float16 "
         "buffers, which onnxruntime's CUDA kernel attends on the GPU; float32 keeps the export's",
     )
+    _add_calibration_options(p)
+    _add_report_options(p)
+    p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    p.add_argument("--json", action="store_true", help="print the manifest's quantization record as JSON")
+
+
+HQQ_NOTE = (
+    "note: hqq keeps float zero points, which onnxruntime's CPU MatMulNBits runs through its slow "
+    "fallback path (no int8 kernel): expect decode several times slower on the CPU than --algo rtn "
+    "(docs/quantization.md, rtn, hqq or gptq)"
+)
+
+
+def _add_calibration_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calib-method", default=DEFAULTS.calib_method, choices=CALIB_METHODS, help="int8-static ranges")
     p.add_argument("--calibration", nargs="+", type=Path, default=[], metavar="PATH", help="text or JSONL files")
     p.add_argument("--samples", type=int, default=DEFAULTS.samples, help="calibration windows")
@@ -127,6 +120,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="BOOL",
         help="apply the default keep-float list (SSM scan, dt, norms, conv, router); false drops it",
     )
+
+
+def _add_auto_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--auto",
+        action="store_true",
+        help="instead of --mode: build the candidates that fit --budget-mb, drop those that fail a gate, keep the "
+        "fastest (--objective) by measurement on this machine, and write it with its plan (plan.json)",
+    )
+    p.add_argument(
+        "--plan", type=Path, metavar="PLAN_JSON", help="write a plan's chosen candidate again, measuring nothing"
+    )
+    p.add_argument(
+        "--recheck",
+        action="store_true",
+        help="measure the model an --auto run wrote at -o again (quality against MODEL, speed) on this machine and "
+        "say whether its plan still holds (exit 1 if a gate fails now)",
+    )
+    p.add_argument("--budget-mb", type=float, help="--auto: weights plus the states and KV of --context x --batch")
+    p.add_argument("--context", type=int, default=2048, help="--auto: tokens per sequence the budget holds")
+    p.add_argument("--batch", type=int, default=1, help="--auto: sequences the budget holds")
+    p.add_argument("--objective", default="decode", choices=OBJECTIVES, help="--auto: what the winner is best at")
+    p.add_argument("--candidates", help="--auto: comma-separated candidate names to try (default: all)")
+    p.add_argument("--max-nll-delta", type=float, help="--auto: drop a candidate whose NLL rises more than this")
+    p.add_argument("--max-kl", type=float, help="--auto: drop a candidate whose mean KL to float exceeds this")
+
+
+def _add_report_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-text", type=Path, help="held-out text for the report (default: calibration text left over)")
     p.add_argument("--eval-tokens", type=int, default=DEFAULTS.eval_tokens, help="held-out tokens the report scores")
     p.add_argument(
@@ -134,15 +155,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-ppl-ratio", type=float, help="fail if perplexity(quantized) / perplexity(float) exceeds this")
     p.add_argument("--min-greedy-agreement", type=float, help="fail if greedy agreement is below this")
-    p.add_argument("--force", action="store_true", help="replace an existing output directory")
-    p.add_argument("--json", action="store_true", help="print the manifest's quantization record as JSON")
-
-
-HQQ_NOTE = (
-    "note: hqq keeps float zero points, which onnxruntime's CPU MatMulNBits runs through its slow "
-    "fallback path (no int8 kernel): expect decode several times slower on the CPU than --algo rtn "
-    "(docs/quantization.md, rtn, hqq or gptq)"
-)
 
 
 def run(args: argparse.Namespace) -> int:

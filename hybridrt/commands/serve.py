@@ -53,6 +53,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model-name", help="the model id clients send, with one MODEL (default: 'default' or the directory's name)"
     )
+    p.add_argument(
+        "--chat-template",
+        help="a Jinja chat template file for /v1/chat/completions, over the one in the model's tokenizer config",
+    )
+    p.add_argument("--max-body-kb", type=int, default=SERVE.max_body_bytes // 1024)
+    p.add_argument("--timeout", type=float, default=SERVE.request_timeout, help="seconds per request")
+    p.add_argument("--provider", default="auto", help="auto, cpu, cuda, acl, xnnpack, or a full provider name")
+    p.add_argument(
+        "--device-id", type=int, metavar="N", help="the CUDA device to serve on (with --provider cuda or auto)"
+    )
+    p.add_argument("--threads", type=int, help="CPU intra-op threads")
+    p.add_argument(
+        "--assistant",
+        help="exported draft model of the same tokenizer: a request alone in the server decodes speculatively",
+    )
+    p.add_argument("--log-level", default="info")
+    _add_engine_options(p)
+    _add_log_options(p)
+    _add_ray_options(p)
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slots", type=int, default=ENGINE.slots, help="sequences decoded together (state slots)")
     p.add_argument("--chunk", type=int, default=ENGINE.chunk, help="prompt tokens prefilled per engine step")
     p.add_argument("--max-queue", type=int, default=ENGINE.max_queue, help="waiting requests before 429")
@@ -78,24 +100,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="how cached states are kept: exact (float32), or bfloat16 at half the bytes (resumed requests close "
         "to, not equal to, cold ones)",
     )
-    p.add_argument(
-        "--chat-template",
-        help="a Jinja chat template file for /v1/chat/completions, over the one in the model's tokenizer config",
-    )
-    p.add_argument("--max-body-kb", type=int, default=SERVE.max_body_bytes // 1024)
-    p.add_argument("--timeout", type=float, default=SERVE.request_timeout, help="seconds per request")
-    p.add_argument("--provider", default="auto", help="auto, cpu, cuda, acl, xnnpack, or a full provider name")
-    p.add_argument(
-        "--device-id", type=int, metavar="N", help="the CUDA device to serve on (with --provider cuda or auto)"
-    )
-    p.add_argument("--threads", type=int, help="CPU intra-op threads")
-    p.add_argument(
-        "--assistant",
-        help="exported draft model of the same tokenizer: a request alone in the server decodes speculatively",
-    )
-    p.add_argument("--log-level", default="info")
-    _add_log_options(p)
-    _add_ray_options(p)
 
 
 def _add_ray_options(p: argparse.ArgumentParser) -> None:
@@ -121,6 +125,13 @@ def _add_ray_options(p: argparse.ArgumentParser) -> None:
         choices=["affinity", "default"],
         default="affinity",
         help="affinity: a conversation's turns go to the replica holding its states; default: Ray's own choice",
+    )
+    g.add_argument(
+        "--ray-state-moves",
+        choices=["on", "off"],
+        default="on",
+        help="on (with affinity): a turn sent to another replica fetches its states from the holder where that beats "
+        "prefilling them again",
     )
 
 
@@ -201,6 +212,7 @@ def _ray_options(args: argparse.Namespace) -> tuple[Any, Any]:
         address=args.ray_address,
         local_cpus=args.ray_cpus,
         router=args.ray_router,
+        state_moves=args.ray_state_moves == "on",
         bound=args.slots,
         max_ongoing=args.slots + args.max_queue,
         shutdown_s=args.timeout,
@@ -246,6 +258,8 @@ def app_from_args(args: argparse.Namespace) -> Any:
             )
     if draft is not None:  # two sessions taking turns: one thread pool for both
         share_thread_pool(args.threads or os.cpu_count() or 1, strict=False)
+    from ..runtime.providers import device_provider
+
     provider = device_provider(args.provider, args.device_id)
     loaders: dict[str, Any] = {
         name: functools.partial(load, d, provider, threads=args.threads) for name, d in served.items()
@@ -258,20 +272,6 @@ def app_from_args(args: argparse.Namespace) -> Any:
         routes,
     )
     return app
-
-
-def device_provider(provider: str, device_id: int | None) -> Any:
-    """--provider with --device-id: CUDA on that device (with `auto` too, which then requires CUDA)."""
-    from ..errors import ProviderError
-    from ..runtime.providers import CUDA, canonical
-
-    if device_id is None:
-        return provider
-    if device_id < 0:
-        raise ProviderError(f"--device-id must be >= 0, got {device_id}")
-    if provider.lower() != "auto" and canonical(provider) != CUDA:
-        raise ProviderError(f"--device-id picks a CUDA device; it does not apply to --provider {provider}")
-    return [(CUDA, {"device_id": device_id})]
 
 
 def _serve_config(args: argparse.Namespace, default_name: str) -> ServeConfig:

@@ -38,11 +38,8 @@ The model is loaded once per container; a load that fails is retried on the next
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import hmac
-import json
 import os
 import threading
 import time
@@ -57,17 +54,14 @@ from ..serve.logprobs import TokenText, rescore, shape
 from ..serve.protocol import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
-    UNSUPPORTED,
     ApiError,
     Params,
-    check_fields,
     completion_params,
-    parse_json,
 )
 from ..serve.request_log import HEADER, LOGGER, RequestRecord, configure, request_id, write
-from ..serve.settings import ServeConfig
 from ..serve.tool_parse import CallParser
 from ..serve.tools import with_markers
+from .lambda_events import http_request, json_body, json_response
 
 ROUTES = {
     "/health": "GET",
@@ -76,7 +70,6 @@ ROUTES = {
     "/v1/chat/completions": "POST",
 }
 VERIFY_MODES = ("sha256", "size", "none")
-JSON_TYPE = "application/json"
 
 
 @dataclasses.dataclass
@@ -149,13 +142,13 @@ def handler(event: Any, context: Any = None) -> dict[str, Any]:
         response = _handle(event, context, record)
     except ApiError as e:
         record.error = e.message
-        response = _json(e.status, e.body(), e.headers)
+        response = json_response(e.status, e.body(), e.headers)
     except Exception as e:  # no stack trace reaches the client; Lambda's log gets it
         import logging
 
         logging.getLogger("hybridrt.serve").exception("request failed")
         record.error = f"internal server error: {type(e).__name__}: {e}"
-        response = _json(500, ApiError(500, "internal server error", code="internal_error").body())
+        response = json_response(500, ApiError(500, "internal server error", code="internal_error").body())
     response["headers"] = dict(response.get("headers") or {}) | {HEADER: record.request_id}
     record.status = int(response["statusCode"])
     if not LOGGER.handlers:  # Lambda's log is its process's stderr; its root logger drops INFO
@@ -196,7 +189,7 @@ def _timeout(context: Any) -> float | None:
 
 
 def _handle(event: Any, context: Any, record: RequestRecord) -> dict[str, Any]:
-    method, path, headers = _request(event)
+    method, path, headers = http_request(event)
     want = ROUTES.get(path)
     if want is None:
         raise ApiError(404, f"Not Found: {method} {path[:200]}")
@@ -211,59 +204,19 @@ def _handle(event: Any, context: Any, record: RequestRecord) -> dict[str, Any]:
         try:
             load_model()
         except Exception as e:
-            return _json(503, {"status": "failed", "error": str(e)})
-        return _json(200, {"status": "ok"})
+            return json_response(503, {"status": "failed", "error": str(e)})
+        return json_response(200, {"status": "ok"})
     state = _model()
     if path == "/v1/models":
-        return _json(200, openai.model_list([(state.name, state.model.max_length)], state.created))
+        return json_response(200, openai.model_list([(state.name, state.model.max_length)], state.created))
     record.model = state.name
     if path == "/v1/completions":
-        body = _body(event, COMPLETION_FIELDS, state.name)
+        body = json_body(event, COMPLETION_FIELDS, state.name)
         return _run(state, completion_params(state.model, body), False, record, _timeout(context))
-    body = _body(event, CHAT_FIELDS, state.name)
+    body = json_body(event, CHAT_FIELDS, state.name)
     if state.template is None:
         state.template = chat_template(state.model.path)
     return _run(state, chat_params(state.model, state.template, body), True, record, _timeout(context))
-
-
-def _request(event: Any) -> tuple[str, str, dict[str, str]]:
-    if not isinstance(event, dict) or event.get("version") != "2.0":
-        raise ApiError(400, "the event is not an API Gateway HTTP API / function URL event (payload format 2.0)")
-    http = (event.get("requestContext") or {}).get("http") if isinstance(event.get("requestContext"), dict) else None
-    if not isinstance(http, dict) or not isinstance(http.get("method"), str):
-        raise ApiError(400, "the event has no requestContext.http.method")
-    path = event.get("rawPath", http.get("path"))
-    if not isinstance(path, str):
-        raise ApiError(400, "the event has no rawPath")
-    headers = event.get("headers") or {}
-    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
-        raise ApiError(400, "the event's headers must be an object of strings")
-    path = path.rstrip("/") or "/"
-    return http["method"].upper(), path, {str(k).lower(): v for k, v in headers.items()}
-
-
-def _body(event: dict[str, Any], known: set[str], model_name: str) -> dict[str, Any]:
-    raw = event.get("body")
-    if raw is None:
-        raise ApiError(400, "the request has no body: send a JSON object")
-    if not isinstance(raw, str):
-        raise ApiError(400, "the event's body must be a string")
-    encoded = event.get("isBase64Encoded", False)
-    if not isinstance(encoded, bool):
-        raise ApiError(400, "the event's isBase64Encoded must be true or false")
-    if encoded:
-        try:
-            data = base64.b64decode(raw, validate=True)
-        except (binascii.Error, ValueError):
-            raise ApiError(400, "the request body is not valid base64 (isBase64Encoded is true)") from None
-    else:
-        data = raw.encode("utf-8", "surrogatepass")
-    limit = ServeConfig.max_body_bytes
-    if len(data) > limit:
-        raise ApiError(413, f"the request body exceeds {limit} bytes")
-    body = parse_json(data)
-    check_fields(body, known, model_name, UNSUPPORTED)
-    return body
 
 
 def _model() -> Loaded:
@@ -324,7 +277,7 @@ def _run(state: Loaded, p: Params, chat: bool, record: RequestRecord, timeout: f
         openai.choice(i, chat, text, reason, logprobs=lp, tool_calls=calls[i] or None)
         for i, (text, reason, lp, _) in enumerate(finished)
     ]
-    return _json(200, openai.completion(meta, chat, choices, usage))
+    return json_response(200, openai.completion(meta, chat, choices, usage))
 
 
 def _generate(
@@ -363,16 +316,6 @@ def _logprobs(
     entries = rescore(model.stepper(1, len(row) + len(tokens)), row + tokens, p.logprobs)
     prompt = entries[: len(row)] if p.echo is not None else []
     return shape(names, chat, prompt, entries[len(row) :], len(echo))
-
-
-def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> dict[str, Any]:
-    out = {"content-type": JSON_TYPE} | {k.lower(): v for k, v in (headers or {}).items()}
-    return {
-        "statusCode": status,
-        "headers": out,
-        "body": json.dumps(body, ensure_ascii=False),
-        "isBase64Encoded": False,
-    }
 
 
 if os.environ.get("HYBRIDRT_LOAD_AT_IMPORT", "1") != "0" and (

@@ -12,7 +12,8 @@ prefix (affinity_keys), and calls an engine replica through a deployment handle 
 holding that conversation's states, unless that replica has `bound` requests or more in hand;
 then, and for a prefix seen nowhere, Ray's own choice (the less loaded of two). A replica
 that dies mid-stream ends the stream with an error event; one that dies before answering is
-a 503; Ray starts a new one.
+a 503; Ray starts a new one. A turn sent away from the replica holding its states fetches them
+from there where that beats prefilling them again (ray_peers.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..errors import GraphError
 from ..serve.api_error import ApiError
 from ..serve.exchange import Exchange
 from ..serve.openai import error_event
+from .ray_peers import FETCHED, KEYS, REPLICA_KEY, PeerStates, StateDirectory, handle, header, snapshot_for
 
 BLOCK_CHARS = 256  # a completions prompt's text is keyed in blocks of this many characters
 BLOCK_TOKENS = 64  # ... a prompt of token ids in blocks of this many ids
@@ -88,8 +90,12 @@ class AffinityRouter(FIFOMixin, RequestRouter):  # type: ignore[misc]
         self.holders: OrderedDict[str, Any] = OrderedDict()  # prefix digest -> replica id
 
     async def choose_replicas(self, candidate_replicas: list[Any], pending_request: Any = None) -> list[list[Any]]:
+        keys = _keys(pending_request)
+        if keys and keys[0].startswith(REPLICA_KEY):  # a call for one replica (ray_peers: its states)
+            named = [r for r in candidate_replicas if str(r.replica_id.unique_id) == keys[0][len(REPLICA_KEY) :]]
+            return [named or candidate_replicas]  # gone: another one answers that it is not the one
         by_id = {r.replica_id: r for r in candidate_replicas}
-        for key in reversed(_keys(pending_request)):
+        for key in reversed(keys):
             holder = by_id.get(self.holders.get(key))
             if holder is None:
                 continue
@@ -101,7 +107,7 @@ class AffinityRouter(FIFOMixin, RequestRouter):  # type: ignore[misc]
         return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
 
     def on_request_routed(self, pending_request: Any, replica_id: Any, result: Any) -> None:
-        for key in _keys(pending_request):
+        for key in [k for k in _keys(pending_request) if not k.startswith(REPLICA_KEY)]:
             self.holders[key] = replica_id
             self.holders.move_to_end(key)
         while len(self.holders) > MAX_KEYS:
@@ -125,13 +131,16 @@ class EngineReplica:
     """One replica: the server's app, built by `make_app` (commands/serve.app_from_args over
     the command's flags), answering requests handed to it whole."""
 
-    def __init__(self, make_app: Callable[[], Any]) -> None:
+    def __init__(self, make_app: Callable[[], Any], directory: Any = None) -> None:
         import ray
         from ray import serve
 
         self.app = make_app()
         self.name = str(serve.get_replica_context().replica_id.unique_id)
         self.node = ray.get_runtime_context().get_node_id()
+        # With a state directory (the affinity router's), states move here from other replicas.
+        self.peers = None if directory is None else PeerStates(self.name, directory, lambda: handle("engine", APP))
+        self.app.state.server.state_source = self.peers
         # Ready only once its models are loaded: Ray sends no request to a replica still starting.
         for engine in self.app.state.engines.values():
             while not engine.ready.wait(0.05) and engine.error is None:
@@ -143,20 +152,29 @@ class EngineReplica:
         self, keys: list[str], method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> AsyncIterator[Any]:
         """The response's head ({status, headers, replica, pid}), then its body in chunks."""
-        exchange = Exchange(self.app, method, path, body, headers, door="ray", query=query)
+        exchange = Exchange(self.app, method, path, body, headers, door="ray", query=query, extra={KEYS: keys})
         try:
             status = await exchange.start()
+            if self.peers is not None and status == 200:
+                self.peers.record(keys)
             yield {
                 "status": status,
                 "headers": exchange.headers,
                 "replica": self.name,
                 "pid": os.getpid(),
                 "node": self.node,
+                "state_from": header(exchange.scope.get(FETCHED)),
             }
             async for chunk in exchange.chunks():
                 yield chunk
         finally:
             await exchange.close()  # the front's client left (or the stream ended): the job is done
+
+    async def state(self, keys: list[str], replica: str, model: str, tokens: list[int], at_least: int) -> Any:
+        """This replica's deepest state of `tokens` for another replica (ray_peers), if it is
+        the replica asked for and it holds `at_least` tokens of them; else None."""
+        engine = self.app.state.engines.get(model) if replica == self.name else None
+        return None if engine is None else snapshot_for(engine.cache, tokens, at_least)
 
     async def check_health(self) -> None:
         """Ray's health check: a replica whose engine failed is replaced."""
@@ -189,6 +207,8 @@ class Front:
         out = {k: v for k, v in head["headers"].items() if k not in {"content-length", "transfer-encoding"}}
         out["x-hybridrt-replica"], out["x-hybridrt-replica-pid"] = head["replica"], str(head["pid"])
         out["x-hybridrt-replica-node"] = head["node"]
+        if head.get("state_from"):
+            out["x-hybridrt-state-from"] = head["state_from"]
         sse = out.get("content-type", "").startswith("text/event-stream")
 
         async def rest() -> AsyncIterator[bytes]:
@@ -223,6 +243,7 @@ class RayOptions:
     address: str | None = None  # None: start a local cluster; "auto" or host:port: join one
     local_cpus: int | None = None  # the local cluster's CPUs (default: every core)
     router: str = "affinity"  # or "default": Ray's power of two choices
+    state_moves: bool = True  # with affinity: states move between replicas (ray_peers.py)
     bound: int = 8  # requests in hand past which affinity gives way
     max_ongoing: int = 72  # requests a replica takes before Ray queues them (slots + queue)
     shutdown_s: float = 600.0  # a draining replica's time to finish its streams
@@ -260,7 +281,10 @@ def application(make_app: Callable[[], Any], options: RayOptions) -> Any:
         **scaling,
     )(EngineReplica)
     front = serve.deployment(name="front", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096)(Front)
-    return front.bind(engine.bind(make_app))
+    if options.router != "affinity" or not options.state_moves:  # calls name their replica only with affinity
+        return front.bind(engine.bind(make_app))
+    directory = serve.deployment(name="states", ray_actor_options={"num_cpus": 0})(StateDirectory)
+    return front.bind(engine.bind(make_app, directory.bind()))
 
 
 def _deployment_message() -> str:

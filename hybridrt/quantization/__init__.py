@@ -6,7 +6,8 @@ ordinary hybridrt directory whose manifest carries a quality report against the 
 parent. Importing this package is light; `quantize` (hybridrt.quantization.api.quantize)
 and onnxruntime.quantization load on first use.
 
-By file: methods.py calls onnxruntime.quantization's quantizers; rewrites.py holds hybridrt's
+By file: methods.py calls onnxruntime.quantization's quantizers (half.py its float16
+converter); rewrites.py holds hybridrt's
 own graph rewrites around them and vocab.py the block-wise embedding and LM head;
 selection.py decides what is quantized, calibration.py feeds the calibrators, report.py
 measures the result, api.py runs the steps.

@@ -24,7 +24,7 @@ from ..graphs.in_place import in_place_states
 from ..graphs.manifest import Manifest, read_manifest
 from ..runtime.input_checks import as_path, as_paths
 from ..runtime.text import TOKENIZER
-from . import kv_cache, methods, rewrites
+from . import half, kv_cache, rewrites
 from .calibration import CalibrationReader, calibration_feeds, head, read_texts, split_text
 from .graph_pass import quantize_graph
 from .modes import WEIGHT_BITS, QuantConfig
@@ -85,7 +85,7 @@ def quantize(
         if cfg.mode == "float16":
             say("converting the graph to float16")
             half_kv = [s.name for s in parent_manifest.pasts if s.is_kv] if cfg.kv_dtype == "float16" else []
-            quantized, converted = methods.float16(model, half_kv=half_kv)
+            quantized, converted = half.float16(model, half_kv=half_kv)
             selection = dataclasses.replace(selection, quantize=converted)
         elif cfg.quantizes_weights:
             if not selection.quantize and not selection.vocab:

@@ -250,3 +250,17 @@ def as_paths(value: object, what: str, error: type[HybridrtError] = GenerationEr
     if isinstance(value, list | tuple):
         return [as_path(v, what, error) for v in value]
     raise error(f"{what} must be a path or a list of paths, got {_show(value)}")
+
+
+def available_memory() -> int:
+    """Bytes of memory available now (MemAvailable on Linux; physical pages elsewhere)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30

@@ -1,49 +1,33 @@
-"""A loaded model: generate, stream, and chat sessions that keep their states between turns."""
+"""A loaded model: generate and stream (chat sessions that keep their states between turns:
+chat_session.py; streams and time limits: streaming.py)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import GenerationError, GenerationTimeout
+from ..errors import GenerationError
 from ..graphs.generation import merge
 from ..graphs.manifest import Manifest
 from . import decode as dec
 from .beam import beam_search
 from .bound import BoundStepper
+from .chat_session import ChatSession
 from .evaluate import evaluate
-from .input_checks import check_eos_ids, check_memory, rows_that_fit
+from .fits import check_cache_use, check_rows_fit
+from .input_checks import rows_that_fit
 from .prefix_cache import StateCache
 from .sampling import GenerationConfig
 from .speculative import Draft, check_draft, speculate
 from .state import PlainStepper, Stepper
 from .state_files import identity
-from .text import Prompts, StreamDecoder, as_prompts, decode, need_tokenizer, stop_check
+from .streaming import Output, TextStream, deadline_after, text_pieces, until
+from .text import Prompts, as_prompts, decode, need_tokenizer, stop_check
 
-Output = str | list[str] | list[int] | list[list[int]] | list[list[str]] | list[list[list[int]]]
 BEAMS_NEED_GENERATE = "beam search needs the whole sequence before it answers; use generate()"
-
-
-class TextStream(Iterator[str]):
-    """Text pieces of a continuation as they are generated; `stats` fills in as it runs and
-    is complete once the stream is exhausted (or closed)."""
-
-    def __init__(self, pieces: Iterator[str], stats: dec.GenerationStats) -> None:
-        self._pieces = pieces
-        self.stats = stats
-
-    def __next__(self) -> str:
-        return next(self._pieces)
-
-    def close(self) -> None:
-        """Stop generating; a chat session keeps the states of the tokens so far."""
-        close = getattr(self._pieces, "close", None)
-        if close is not None:
-            close()
 
 
 class Model:
@@ -138,7 +122,7 @@ class Model:
         **kwargs: Any,
     ) -> tuple[Output, dec.GenerationStats]:
         """As generate, with what the generation did: token counts and timings."""
-        deadline = _deadline(timeout)
+        deadline = deadline_after(timeout)
         cfg = self.generation_config(**kwargs)
         prompts = self.prompt_rows(prompt, cfg)
         fit = rows_that_fit(self.manifest, max(len(r) for r in prompts.rows) + cfg.max_new_tokens) // cfg.num_beams
@@ -208,7 +192,7 @@ class Model:
         """Text pieces of one prompt's continuation, as they are generated (see TextStream);
         `cache` and `timeout` as generate's (the timeout raised by the iteration). Closing the
         stream stops the generation: nothing more is computed."""
-        deadline = _deadline(timeout)
+        deadline = deadline_after(timeout)
         cfg = self.generation_config(**kwargs)
         if cfg.num_beams > 1:
             raise GenerationError(BEAMS_NEED_GENERATE)
@@ -264,16 +248,8 @@ class Model:
         cfg: GenerationConfig | None = None,
         assistant: Model | None = None,
     ) -> None:
-        if not isinstance(cache, StateCache) or cache.owner != identity(self.manifest, self.path):
-            raise GenerationError("cache= takes a StateCache made for this model: model.state_cache()")
-        if prompts is not None and not prompts.single:
-            raise GenerationError("cache= takes one prompt; generate a batch without it, or one prompt at a time")
-        if cfg is not None and cfg.num_beams > 1:
-            raise GenerationError("beam search does not resume from a prefix state cache: drop cache= or num_beams")
-        if assistant is not None:
-            raise GenerationError(
-                "speculative decoding does not resume from a prefix state cache: drop cache= or assistant_model"
-            )
+        owner = identity(self.manifest, self.path)
+        check_cache_use(cache, owner, prompts, cfg, assistant is not None)
 
     def evaluate(
         self, text: str, window: int | None = None, stride: int | None = None, progress: Any = None
@@ -343,15 +319,7 @@ class Model:
         """GenerationError unless rows (after `past` tokens) and cfg.max_new_tokens fit the model:
         its max length, its vocabulary (EOS ids) and (with `memory`) the batch memory limit.
         Also for callers that run their own decode loop (hybridrt.serve)."""
-        longest = past + max(len(r) for r in rows)
-        if longest + cfg.max_new_tokens > self.max_length:
-            raise GenerationError(
-                f"prompt of {longest} tokens + max_new_tokens {cfg.max_new_tokens} exceeds the model's max length "
-                f"{self.max_length}; shorten the prompt or lower max_new_tokens"
-            )
-        check_eos_ids(cfg.eos_ids(()), self.manifest.vocab_size)
-        if memory:
-            check_memory(self.manifest, len(rows) * cfg.num_beams, longest + cfg.max_new_tokens)
+        check_rows_fit(self.manifest, rows, cfg, past, memory)
 
     def _steps(
         self,
@@ -367,17 +335,7 @@ class Model:
         return dec.generate(stepper, rows, cfg, eos, self.pad_token_id, stats, history, stop, cache)
 
     def _pieces(self, steps: Iterator[np.ndarray], stats: dec.GenerationStats) -> Iterator[str]:
-        stream = StreamDecoder(self.tokenizer)
-        done = 0
-        for _ in steps:
-            for token in stats.tokens[0][done:]:
-                piece = stream.push(token)
-                if piece:
-                    yield piece
-            done = len(stats.tokens[0])
-        tail = stream.flush()
-        if tail:
-            yield tail
+        return text_pieces(self.tokenizer, steps, stats)
 
     def _format(self, prompts: Prompts, tokens: list[list[int]], per_prompt: int = 1) -> Output:
         """Outputs of `per_prompt` sequences per prompt (tokens: prompt-major) as generate gives them."""
@@ -385,136 +343,3 @@ class Model:
         if per_prompt > 1:
             outputs = [outputs[i : i + per_prompt] for i in range(0, len(outputs), per_prompt)]
         return outputs[0] if prompts.single else outputs
-
-
-class ChatSession:
-    """One sequence whose states persist between calls: a later call prefills only the tokens
-    its states have not seen (the new prompt, plus at least the last token of the previous
-    reply). Greedy output over several calls equals one call on the concatenated tokens.
-    With assistant_model, the draft's states persist too (until another draft is given).
-    With a prefix state `cache`, a turn without a draft resumes from the deepest state stored
-    for the conversation (a new session whose history the cache has seen prefills only the
-    rest) and stores states there."""
-
-    def __init__(self, model: Model, cache: StateCache | None = None) -> None:
-        self.model = model
-        self.cache = cache
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget the conversation: the next call starts from fresh states."""
-        self.stepper: Stepper | None = None
-        self.history: list[int] = []  # every token of the conversation, the pending ones included
-        self.pending: list[int] = []  # in the history but not yet fed to the states
-        self.draft_model: Model | None = None
-        self.draft: Draft | None = None
-
-    def generate(self, prompt: Any, assistant_model: Model | None = None, **kwargs: Any) -> Output:
-        """As Model.generate, for one prompt, continuing the conversation."""
-        return self.generate_with_stats(prompt, assistant_model, **kwargs)[0]
-
-    def generate_with_stats(
-        self, prompt: Any, assistant_model: Model | None = None, timeout: float | None = None, **kwargs: Any
-    ) -> tuple[Output, dec.GenerationStats]:
-        deadline = _deadline(timeout)
-        cfg, prompts = self._prepare(prompt, kwargs)
-        stats = dec.GenerationStats()
-        for _ in until(self._steps(prompts, cfg, stats, assistant_model), deadline, stats):
-            pass
-        return self.model._format(prompts, stats.tokens), stats
-
-    def stream(
-        self, prompt: Any, assistant_model: Model | None = None, timeout: float | None = None, **kwargs: Any
-    ) -> TextStream:
-        """As Model.stream, continuing the conversation."""
-        deadline = _deadline(timeout)
-        cfg, prompts = self._prepare(prompt, kwargs)
-        need_tokenizer(self.model.tokenizer)
-        stats = dec.GenerationStats()
-        steps = until(self._steps(prompts, cfg, stats, assistant_model), deadline, stats)
-        return TextStream(self.model._pieces(steps, stats), stats)
-
-    def _prepare(self, prompt: Any, kwargs: dict[str, Any]) -> tuple[GenerationConfig, Prompts]:
-        m = self.model
-        cfg = m.generation_config(**kwargs)
-        if cfg.num_beams > 1:
-            raise GenerationError(
-                "beam search needs the whole sequence before it answers, and a chat session answers turn "
-                "by turn; use Model.generate() on the conversation"
-            )
-        # Special tokens (BOS) open a conversation, not each turn.
-        prompts = m.prompt_rows(prompt, cfg, add_special_tokens=not self.history)
-        if not prompts.single:
-            raise GenerationError("a chat session holds one sequence: pass one prompt per call")
-        m.check_length(prompts.rows, cfg, past=len(self.history))
-        return cfg, prompts
-
-    def _steps(
-        self,
-        prompts: Prompts,
-        cfg: GenerationConfig,
-        stats: dec.GenerationStats,
-        assistant: Model | None = None,
-    ) -> Iterator[np.ndarray]:
-        m = self.model
-        new = prompts.rows[0]
-        context = self.history + new
-        if assistant is not None:
-            draft = check_draft(m, assistant)
-            if self.draft_model is not draft or self.draft is None:
-                # A new draft (or the first): it catches up on the whole conversation.
-                room = len(context) + cfg.max_new_tokens
-                self.draft = Draft.start(m, draft, cfg, room)
-                self.draft_model = draft
-                if self.stepper is None:
-                    self.stepper = m.stepper(1, min(room + self.draft.schedule.max_k + 2, m.max_length), ring=2)
-            if self.stepper is not None:  # turns without a draft ran it in place: now it must rewind a call
-                self.stepper = self.stepper.rewinding(1)
-        if self.stepper is None:
-            # Room for this turn; later turns regrow the KV buffers (doubling) when they need more.
-            self.stepper = m.stepper(1, m._capacity_for(prompts.rows, cfg, len(self.history)))
-        stepper = self.stepper
-        if assistant is not None:
-            assert self.draft is not None
-            eos = cfg.eos_ids(m.eos_token_ids)
-            stop = stop_check(m.tokenizer, cfg.stops)
-            steps = speculate(stepper, self.draft, context, cfg, eos, stats, None, stop)
-        else:
-            steps = m._steps(stepper, [self.pending + new], cfg, stats, [context], self.cache)
-        try:
-            yield from steps
-        except Exception:
-            self.reset()  # the states may be half-updated
-            raise
-        finally:
-            if self.stepper is not None and stats.tokens:
-                # Also when a stream is closed early: the states have seen a prefix of the history.
-                self.history = context + stats.tokens[0]
-                self.pending = self.history[int(stepper.lengths[0]) :]
-
-
-def _deadline(timeout: float | None) -> float | None:
-    """The monotonic time a call with `timeout` seconds must stop by (None: no limit)."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
-        raise GenerationError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    return time.monotonic() + float(timeout)
-
-
-def until(steps: Iterator[Any], deadline: float | None, stats: dec.GenerationStats) -> Iterator[Any]:
-    """`steps` until `deadline`: after the step that passes it, the steps are closed (their
-    loop's cleanup runs: a session's states stay consistent) and GenerationTimeout is raised."""
-    if deadline is None:
-        yield from steps
-        return
-    close = getattr(steps, "close", lambda: None)  # a generator's: its loop's cleanup runs now
-    try:
-        for item in steps:
-            yield item
-            if time.monotonic() > deadline:
-                close()
-                n = sum(len(t) for t in stats.tokens)
-                raise GenerationTimeout(f"generation passed its timeout after {n} new tokens", stats)
-    finally:
-        close()

@@ -17,7 +17,6 @@ bytes, a resumed request then close to a cold one (scripts/bench_state_dtype.py:
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ import numpy as np
 
 from ..errors import GenerationError
 from ..graphs.contract import TensorSpec
+from .input_checks import available_memory
 from .prefix_plan import fixed_bytes, marks
 from .radix import Node, RadixTree, common_prefix
 from .state import Snapshot, _fit, narrowed, widened
@@ -37,20 +37,6 @@ log = logging.getLogger("hybridrt.cache")
 
 MEMORY_SHARE = 0.25
 STORED = ("float32", "bfloat16")  # how states are kept: as the graph has them, or float32 as bfloat16
-
-
-def available_memory() -> int:
-    """Bytes of memory available now (MemAvailable on Linux; physical pages elsewhere)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
 
 
 @dataclass(eq=False)
@@ -199,6 +185,16 @@ class StateCache:
                 self.stats.saved_seconds += length * self.seconds_per_token
                 return Hit(Snapshot(states, length), None if logits is None else logits.copy(), match.agree)
             return None
+
+    def depth(self, tokens: Sequence[int]) -> int:
+        """Tokens of `tokens` the deepest stored state would resume (0: none); no lookup is
+        counted and nothing is read back (a peer's state is worth fetching beyond this)."""
+        if not self.enabled or not tokens:
+            return 0
+        with self.lock:
+            match = self.tree.match(tokens)
+            usable = [n.depth for n, e in match.path if n.depth < len(tokens) or e.has_logits]
+            return max(usable, default=0)
 
     def put(self, tokens: Sequence[int], snapshot: Snapshot, logits: np.ndarray | None = None) -> None:
         """Store the states after `tokens` (snapshot.length == len(tokens)), with the last

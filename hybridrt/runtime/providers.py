@@ -170,3 +170,14 @@ def device_of(provider: str, options: dict[str, str]) -> tuple[str, int]:
     if provider in (CUDA, "TensorrtExecutionProvider"):
         return "cuda", int(options.get("device_id", 0))
     return "cpu", 0
+
+
+def device_provider(provider: str, device_id: int | None) -> Any:
+    """--provider with --device-id: CUDA on that device (with `auto` too, which then requires CUDA)."""
+    if device_id is None:
+        return provider
+    if device_id < 0:
+        raise ProviderError(f"--device-id must be >= 0, got {device_id}")
+    if provider.lower() != "auto" and canonical(provider) != CUDA:
+        raise ProviderError(f"--device-id picks a CUDA device; it does not apply to --provider {provider}")
+    return [(CUDA, {"device_id": device_id})]

@@ -21,7 +21,8 @@ import numpy as np
 
 from ..errors import GenerationError
 from .decode import GenerationStats
-from .model import Model, Output, TextStream
+from .model import Model, Output
+from .streaming import TextStream
 
 ROUTES = ("short", "long")
 

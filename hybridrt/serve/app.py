@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -45,6 +46,8 @@ from .sse import EventStream, full_body
 ROUTES = ("/health", "/metrics", "/openapi.json", "/v1/models", "/v1/completions", "/v1/chat/completions")
 PUBLIC = ("/health", "/openapi.json", *PAGE_FILES)  # no API key
 
+log = logging.getLogger("hybridrt.serve")
+
 
 class Server:
     """The HTTP side of one or several served models (each its own engine, first = the default
@@ -61,6 +64,9 @@ class Server:
         self.created = int(time.time())
         self.draining = False  # SIGTERM: work routes answer 503 while open requests finish
         self.open = 0  # requests on work routes (/v1/...) not yet answered in full
+        # Where a request may find states deeper than its engine's cache holds (another
+        # replica's: deploy/ray_peers.py): `await fill(model, cache, tokens, scope)`.
+        self.state_source: Any = None
 
     @property
     def names(self) -> list[str]:
@@ -170,6 +176,11 @@ class Server:
         record.model, record.job = name, job
         if self.config.log_prompts and model.tokenizer is not None:
             record.prompt = model.tokenizer.decode(p.rows[0], skip_special_tokens=False)
+        if self.state_source is not None and len(p.rows) == 1 and engine.cache is not None:
+            try:
+                await self.state_source.fill(name, engine.cache, p.rows[0], request.scope)
+            except Exception as e:  # no state: the request prefills as usual
+                log.warning("fetching a state from another replica failed: %s", e)
         try:
             job.submit()
         except EngineBusy as e:
@@ -336,4 +347,5 @@ def create_app(
     app.state.engines = engines  # {served name: engine}
     app.state.drain = server.drain  # awaited by the uvicorn runner (server.py) on SIGTERM/SIGINT
     app.state.status = server.status  # /health's answer, for the gRPC door's health service
+    app.state.server = server  # a host of the app sets its state_source (deploy/ray_peers.py)
     return app

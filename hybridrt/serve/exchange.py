@@ -25,6 +25,7 @@ class Exchange:
         headers: list[tuple[bytes, bytes]],
         door: str = "grpc",
         query: bytes = b"",
+        extra: dict[str, Any] | None = None,
     ) -> None:
         self.gone = asyncio.Event()
         self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=8)
@@ -44,7 +45,9 @@ class Exchange:
             "client": None,
             "server": None,
             "hybridrt.door": door,
+            **(extra or {}),
         }
+        self.scope = scope  # the app's request.scope: what it records there is read back here
         self.task = asyncio.ensure_future(self._run(app, scope))
 
     async def _run(self, app: Any, scope: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from .chat import ROLES
 from .logprobs import MAX_COMPLETION_LOGPROBS, MAX_TOP_LOGPROBS
+from .openapi_schemas import integer, needs, nullable, obj, ref, response_schemas
 from .protocol import MAX_CHOICES, MAX_STOPS
 
 ERRORS = {
@@ -28,43 +29,6 @@ ERRORS = {
     504: "the request took longer than the server's request timeout",
     500: "generation failed",
 }
-FINISH = {"type": ["string", "null"], "enum": ["stop", "length", "tool_calls", None]}
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _null(schema: dict[str, Any]) -> dict[str, Any]:
-    """schema, or null (the server takes null as "left out")."""
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        return schema | {"type": [kind, "null"]}
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
-def _obj(props: dict[str, Any], required: tuple[str, ...] = (), closed: bool = False) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "object", "properties": props}
-    if required:
-        out["required"] = list(required)
-    if closed:
-        out["additionalProperties"] = False
-    return out
-
-
-def _needs(name: str, when: dict[str, Any], other: str, value: Any) -> dict[str, Any]:
-    """`other` must be `value` where `name` matches `when` (JSON schema if/then)."""
-    return {
-        "if": {"properties": {name: when}, "required": [name]},
-        "then": {"properties": {other: {"const": value}}, "required": [other]},
-    }
-
-
-def _int(low: int, high: int | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "integer", "minimum": low}
-    if high is not None:
-        out["maximum"] = high
-    return out
 
 
 def common(name: str, max_length: int | None) -> dict[str, Any]:
@@ -72,20 +36,23 @@ def common(name: str, max_length: int | None) -> dict[str, Any]:
     top = None if max_length is None else max_length - 1
     return {
         "model": {"type": "string", "enum": [name], "description": "the served model (GET /v1/models)"},
-        "max_tokens": _null(_int(1, top) | {"description": "new tokens at most (0 only with echo)"}),
-        "min_tokens": _null(_int(0, top)),
-        "temperature": _null({"type": "number", "minimum": 0, "maximum": 2, "description": "0: greedy"}),
-        "top_p": _null({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
-        "top_k": _null(_int(-1) | {"description": "-1 or 0: off"}),
-        "n": _null(_int(1, MAX_CHOICES)),
-        "stream": _null({"type": "boolean"}),
-        "stream_options": _null(
-            _obj(
-                {"include_usage": _null({"type": "boolean"}), "continuous_usage_stats": _null({"type": "boolean"})},
+        "max_tokens": nullable(integer(1, top) | {"description": "new tokens at most (0 only with echo)"}),
+        "min_tokens": nullable(integer(0, top)),
+        "temperature": nullable({"type": "number", "minimum": 0, "maximum": 2, "description": "0: greedy"}),
+        "top_p": nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+        "top_k": nullable(integer(-1) | {"description": "-1 or 0: off"}),
+        "n": nullable(integer(1, MAX_CHOICES)),
+        "stream": nullable({"type": "boolean"}),
+        "stream_options": nullable(
+            obj(
+                {
+                    "include_usage": nullable({"type": "boolean"}),
+                    "continuous_usage_stats": nullable({"type": "boolean"}),
+                },
                 closed=True,
             )
         ),
-        "ignore_eos": _null({"type": "boolean"}),
+        "ignore_eos": nullable({"type": "boolean"}),
         "stop": {
             "anyOf": [
                 {"type": "string", "minLength": 1},
@@ -93,67 +60,67 @@ def common(name: str, max_length: int | None) -> dict[str, Any]:
                 {"type": "null"},
             ]
         },
-        "seed": _null(_int(0, 2**63 - 1)),
-        "presence_penalty": _null({"type": "number", "minimum": -2, "maximum": 2}),
-        "frequency_penalty": _null({"type": "number", "minimum": -2, "maximum": 2}),
-        "repetition_penalty": _null({"type": "number", "exclusiveMinimum": 0, "maximum": 100}),
-        "user": _null({"type": "string"}),
-        "logit_bias": _null({"type": "object", "maxProperties": 0, "description": "not supported: {} only"}),
-        "response_format": _null(response_format()),
+        "seed": nullable(integer(0, 2**63 - 1)),
+        "presence_penalty": nullable({"type": "number", "minimum": -2, "maximum": 2}),
+        "frequency_penalty": nullable({"type": "number", "minimum": -2, "maximum": 2}),
+        "repetition_penalty": nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 100}),
+        "user": nullable({"type": "string"}),
+        "logit_bias": nullable({"type": "object", "maxProperties": 0, "description": "not supported: {} only"}),
+        "response_format": nullable(response_format()),
     }
 
 
 def response_format() -> dict[str, Any]:
     """text, json_object, or json_schema: the reply is decoded under the schema (grammar.py)."""
     kind = {"type": "string", "enum": ["text", "json_object"]}
-    spec = _obj(
+    spec = obj(
         {
             "name": {"type": "string"},
             "description": {"type": "string"},
             "schema": {"type": "object", "description": "a JSON schema the reply is valid against"},
-            "strict": _null({"type": "boolean"}),
+            "strict": nullable({"type": "boolean"}),
         },
         ("name",),
         closed=True,
     )
-    schema = _obj({"type": {"const": "json_schema"}, "json_schema": spec}, ("type", "json_schema"), closed=True)
-    return {"anyOf": [_obj({"type": kind}, ("type",), closed=True), schema]}
+    schema = obj({"type": {"const": "json_schema"}, "json_schema": spec}, ("type", "json_schema"), closed=True)
+    return {"anyOf": [obj({"type": kind}, ("type",), closed=True), schema]}
 
 
 def tools() -> dict[str, Any]:
     """Request fields of function calling (tools.py)."""
     name = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}
-    function = _obj(
+    function = obj(
         {
             "name": name,
             "description": {"type": "string"},
             "parameters": {"type": "object", "description": "a JSON schema of the arguments"},
-            "strict": _null({"type": "boolean"}),
+            "strict": nullable({"type": "boolean"}),
         },
         ("name",),
         closed=True,
     )
-    tool = _obj({"type": {"const": "function"}, "function": function}, ("type", "function"), closed=True)
-    named = _obj(
-        {"type": {"const": "function"}, "function": _obj({"name": name}, ("name",), closed=True)},
+    tool = obj({"type": {"const": "function"}, "function": function}, ("type", "function"), closed=True)
+    named = obj(
+        {"type": {"const": "function"}, "function": obj({"name": name}, ("name",), closed=True)},
         ("type", "function"),
         closed=True,
     )
     choice = {"type": "string", "enum": ["none", "auto", "required"]}
     return {
-        "tools": _null({"type": "array", "items": tool}),
+        "tools": nullable({"type": "array", "items": tool}),
         "tool_choice": {
             "anyOf": [choice, named, {"type": "null"}],
             "description": "required and a named function are enforced by constrained decoding; a name must be "
             "among tools, and required needs tools",
         },
-        "parallel_tool_calls": _null({"type": "boolean"}),
+        "parallel_tool_calls": nullable({"type": "boolean"}),
     }
 
 
 def completion_request(name: str, max_length: int | None, vocab: int | None) -> dict[str, Any]:
     top = None if max_length is None else max_length - 1
-    ids = {"type": "array", "minItems": 1, "items": _int(0, None if vocab is None else vocab - 1)}
+    ids = {"type": "array", "minItems": 1, "items": integer(0, None if vocab is None else vocab - 1)}
     if top is not None:
         ids["maxItems"] = top
     text = {"type": "string", "minLength": 1}
@@ -168,23 +135,23 @@ def completion_request(name: str, max_length: int | None, vocab: int | None) -> 
     }
     props = common(name, max_length) | {
         "prompt": prompt,
-        "max_tokens": _null(_int(0, top) | {"description": "new tokens at most (default 16; 0 only with echo)"}),
-        "echo": _null({"type": "boolean", "description": "return the prompt before the completion"}),
-        "logprobs": _null(_int(0, MAX_COMPLETION_LOGPROBS) | {"description": "alternatives per token"}),
-        "best_of": _null(_int(1, 1)),
-        "suffix": _null({"type": "string", "maxLength": 0}),
+        "max_tokens": nullable(integer(0, top) | {"description": "new tokens at most (default 16; 0 only with echo)"}),
+        "echo": nullable({"type": "boolean", "description": "return the prompt before the completion"}),
+        "logprobs": nullable(integer(0, MAX_COMPLETION_LOGPROBS) | {"description": "alternatives per token"}),
+        "best_of": nullable(integer(1, 1)),
+        "suffix": nullable({"type": "string", "maxLength": 0}),
     }
-    return _obj(props, ("model", "prompt"), closed=True) | _needs("max_tokens", {"const": 0}, "echo", True)
+    return obj(props, ("model", "prompt"), closed=True) | needs("max_tokens", {"const": 0}, "echo", True)
 
 
 def chat_request(name: str, max_length: int | None) -> dict[str, Any]:
     top = None if max_length is None else max_length - 1
-    part = _obj({"type": {"const": "text"}, "text": {"type": "string"}}, ("type", "text"))
+    part = obj({"type": {"const": "text"}, "text": {"type": "string"}}, ("type", "text"))
     content = {"anyOf": [{"type": "string"}, {"type": "array", "items": part}]}
     arguments = {"type": ["string", "object"], "description": "JSON text or its object"}
-    call = _obj({"function": _obj({"name": {"type": "string"}, "arguments": arguments}, ("name",))}, ("function",))
-    plain = _obj({"role": {"type": "string", "enum": list(ROLES)}, "content": content}, ("role", "content"))
-    calls = _obj(
+    call = obj({"function": obj({"name": {"type": "string"}, "arguments": arguments}, ("name",))}, ("function",))
+    plain = obj({"role": {"type": "string", "enum": list(ROLES)}, "content": content}, ("role", "content"))
+    calls = obj(
         {
             "role": {"const": "assistant"},
             "content": {"anyOf": [content, {"type": "null"}]},
@@ -197,93 +164,13 @@ def chat_request(name: str, max_length: int | None) -> dict[str, Any]:
         common(name, max_length)
         | {
             "messages": {"type": "array", "minItems": 1, "items": message},
-            "max_completion_tokens": _null(_int(1, top)),
-            "logprobs": _null({"type": "boolean"}),
-            "top_logprobs": _null(_int(0, MAX_TOP_LOGPROBS) | {"description": "with logprobs: true only"}),
+            "max_completion_tokens": nullable(integer(1, top)),
+            "logprobs": nullable({"type": "boolean"}),
+            "top_logprobs": nullable(integer(0, MAX_TOP_LOGPROBS) | {"description": "with logprobs: true only"}),
         }
         | tools()
     )
-    return _obj(props, ("model", "messages"), closed=True) | _needs(
-        "top_logprobs", {"type": "integer"}, "logprobs", True
-    )
-
-
-def _responses() -> dict[str, Any]:
-    """Response schemas: OpenAI's completion, chat completion, model list, usage, error."""
-    num = {"type": "number"}
-    token = _obj({"token": {"type": "string"}, "logprob": num, "bytes": {"type": "array", "items": _int(0, 255)}})
-    chat_token = token | {"required": ["token", "logprob", "bytes", "top_logprobs"]}
-    chat_token["properties"] = token["properties"] | {"top_logprobs": {"type": "array", "items": token}}
-    maybe_num = {"type": ["number", "null"]}
-    completion_logprobs = _obj(
-        {
-            "tokens": {"type": "array", "items": {"type": "string"}},
-            "token_logprobs": {"type": "array", "items": maybe_num},
-            "top_logprobs": {"type": "array", "items": {"anyOf": [{"type": "object"}, {"type": "null"}]}},
-            "text_offset": {"type": "array", "items": _int(0)},
-        },
-        ("tokens", "token_logprobs", "top_logprobs", "text_offset"),
-    )
-    chat_logprobs = _obj({"content": {"type": "array", "items": chat_token}}, ("content",))
-    base = {"id": {"type": "string"}, "created": {"type": "integer"}, "model": {"type": "string"}}
-    cached = _obj({"cached_tokens": _int(0)})
-    counts = {k: _int(0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
-    usage = _obj(counts | {"prompt_tokens_details": cached}, tuple(counts))
-    call = _obj(
-        {
-            "id": {"type": "string"},
-            "type": {"const": "function"},
-            "function": _obj({"name": {"type": "string"}, "arguments": {"type": "string"}}, ("name", "arguments")),
-        },
-        ("id", "type", "function"),
-    )
-    message = _obj(
-        {
-            "role": {"const": "assistant"},
-            "content": {"type": ["string", "null"], "description": "null when the reply is tool calls only"},
-            "tool_calls": {"type": "array", "items": call},
-        },
-        ("role", "content"),
-    )
-    choice = {"index": _int(0), "finish_reason": FINISH}
-    text_choice = choice | {"text": {"type": "string"}, "logprobs": _null(_ref("CompletionLogprobs"))}
-    chat_choice = choice | {"message": message, "logprobs": _null(_ref("ChatLogprobs"))}
-    every = ("id", "object", "created", "model", "choices", "usage")
-
-    def body(kind: str, one: dict[str, Any], needed: tuple[str, ...]) -> dict[str, Any]:
-        items = _obj(one, ("index", "finish_reason", "logprobs", *needed))
-        return _obj(
-            base | {"object": {"const": kind}, "choices": {"type": "array", "items": items}, "usage": usage}, every
-        )
-
-    card = _obj(
-        {
-            "id": {"type": "string"},
-            "object": {"const": "model"},
-            "created": {"type": "integer"},
-            "owned_by": {"type": "string"},
-            "max_model_len": _int(1),
-        },
-        ("id", "object", "created", "owned_by"),
-    )
-    error = _obj(
-        {
-            "message": {"type": "string"},
-            "type": {"type": "string"},
-            "param": {"type": ["string", "null"]},
-            "code": {"type": ["string", "null"]},
-        },
-        ("message", "type", "param", "code"),
-    )
-    return {
-        "Completion": body("text_completion", text_choice, ("text",)),
-        "ChatCompletion": body("chat.completion", chat_choice, ("message",)),
-        "CompletionLogprobs": completion_logprobs,
-        "ChatLogprobs": chat_logprobs,
-        "ModelList": _obj({"object": {"const": "list"}, "data": {"type": "array", "items": card}}, ("object", "data")),
-        "Health": _obj({"status": {"type": "string"}, "error": {"type": "string"}}, ("status",)),
-        "Error": _obj({"error": error}, ("error",)),
-    }
+    return obj(props, ("model", "messages"), closed=True) | needs("top_logprobs", {"type": "integer"}, "logprobs", True)
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -291,17 +178,17 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    return {str(c): _json(_ref("Error"), ERRORS[c]) for c in codes}
+    return {str(c): _json(ref("Error"), ERRORS[c]) for c in codes}
 
 
 def _generate(summary: str, request: str, response: str) -> dict[str, Any]:
-    stream = _obj(  # one event (OpenAPI 3.1: the schema of each event of a stream)
+    stream = obj(  # one event (OpenAPI 3.1: the schema of each event of a stream)
         {"data": {"type": "string"}, "event": {"type": "string"}},
         ("data",),
     ) | {"description": "server-sent events (stream: true): data is a chunk's JSON, the last one [DONE]"}
-    ok = _json(_ref(response), "the whole response, or with stream: true its chunks as server-sent events")
+    ok = _json(ref(response), "the whole response, or with stream: true its chunks as server-sent events")
     ok["content"]["text/event-stream"] = {"schema": stream}
-    body = {"required": True, "content": {"application/json": {"schema": _ref(request)}}}
+    body = {"required": True, "content": {"application/json": {"schema": ref(request)}}}
     responses = {"200": ok} | _errors(400, 401, 404, 413, 429, 500, 503, 504)
     return {"post": {"summary": summary, "operationId": request, "requestBody": body, "responses": responses}}
 
@@ -311,7 +198,7 @@ def spec(name: str, max_length: int | None = None, vocab: int | None = None, api
     left open while the model loads); with `api_key`, every route but /health and this one
     needs `Authorization: Bearer KEY`."""
     public: list[dict[str, Any]] = []  # no API key
-    health = {"200": _json(_ref("Health"), "ready"), "503": _json(_ref("Health"), "loading, failed or stopping")}
+    health = {"200": _json(ref("Health"), "ready"), "503": _json(ref("Health"), "loading, failed or stopping")}
     metrics = {
         "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
     }
@@ -332,13 +219,13 @@ def spec(name: str, max_length: int | None = None, vocab: int | None = None, api
             "get": {
                 "summary": "The served model",
                 "operationId": "models",
-                "responses": {"200": _json(_ref("ModelList"), "one model")} | _errors(401, 503),
+                "responses": {"200": _json(ref("ModelList"), "one model")} | _errors(401, 503),
             }
         },
         "/v1/completions": _generate("Text completion", "CompletionRequest", "Completion"),
         "/v1/chat/completions": _generate("Chat completion", "ChatCompletionRequest", "ChatCompletion"),
     }
-    schemas = _responses() | {
+    schemas = response_schemas() | {
         "CompletionRequest": completion_request(name, max_length, vocab),
         "ChatCompletionRequest": chat_request(name, max_length),
     }

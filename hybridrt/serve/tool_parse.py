@@ -27,12 +27,13 @@ made calls, so the streamed content equals the whole reply's.
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 import uuid
 from collections.abc import Collection
 from typing import Any
+
+from .tool_syntax import call_end, hermes, parameter_value, pythonic
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 START, END = "<|tool_call_start|>", "<|tool_call_end|>"  # LFM2's markers
@@ -122,7 +123,7 @@ class CallParser:
         parsed whole, and failing that is content (LFM2's markers, being special tokens, not)."""
         if len(self.calls) > block.first:
             return []
-        found = _hermes(inner.strip(), self.known) if block.opener == OPEN else None
+        found = hermes(inner.strip(), self.known) if block.opener == OPEN else None
         if found:
             out: list[Event] = []
             for name, args in found:
@@ -134,7 +135,7 @@ class CallParser:
 
     def _bare(self) -> list[Event]:
         rest = self.text[self.at :]
-        found = _pythonic(rest.strip(), self.known)
+        found = pythonic(rest.strip(), self.known)
         self.holding = False
         if not found:
             again = CallParser(self.known, bare=False)
@@ -245,7 +246,7 @@ class _Block:
                 continue
             m = _PARAMETER.match(inner, self.at)
             if m is not None:
-                key, value = json.dumps(m.group(1).strip(), ensure_ascii=False), _value(m.group(2))
+                key, value = json.dumps(m.group(1).strip(), ensure_ascii=False), parameter_value(m.group(2))
                 out += parser.add_arguments(
                     f"{', ' if self.params else '{'}{key}: {json.dumps(value, ensure_ascii=False)}"
                 )
@@ -261,10 +262,10 @@ class _Block:
         out: list[Event] = []
         while True:
             m = _PY_CALL.match(inner, self.at)
-            end = None if m is None else _call_end(inner, m.end())
+            end = None if m is None else call_end(inner, m.end())
             if m is None or end is None:
                 return out
-            found = _pythonic(f"[{inner[m.start(1) : end]}]", parser.known)
+            found = pythonic(f"[{inner[m.start(1) : end]}]", parser.known)
             if not found:
                 self.skip = True
                 return out
@@ -279,73 +280,3 @@ def _partial(text: str, markers: Collection[str]) -> int:
         if any(text.endswith(m[:k]) for m in markers if len(m) > k):
             return k
     return 0
-
-
-def _call_end(text: str, at: int) -> int | None:
-    """The index just past the `)` that closes the call whose arguments begin at `at`
-    (Python literals: brackets and quoted strings); None while it is still open."""
-    depth, quote, i = 1, "", at
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = ""
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return None
-
-
-def _hermes(inner: str, known: set[str]) -> list[tuple[str, Any]] | None:
-    """The call of one whole <tool_call> block's JSON."""
-    try:
-        call = json.loads(inner)
-    except ValueError:
-        return None
-    if not isinstance(call, dict) or call.get("name") not in known:
-        return None
-    args = call.get("arguments", call.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    return [(call["name"], args)] if isinstance(args, dict) else None
-
-
-def _value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def _pythonic(text: str, known: set[str]) -> list[tuple[str, Any]] | None:
-    """LFM2's `[f(a=1), g(b="x")]`: calls of known functions with literal keyword arguments."""
-    if not (text.startswith("[") and text.endswith("]")):
-        return None
-    try:
-        tree = ast.parse(text, mode="eval").body
-    except (SyntaxError, ValueError, RecursionError):
-        return None
-    if not isinstance(tree, ast.List) or not tree.elts:
-        return None
-    out = []
-    for node in tree.elts:
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in known):
-            return None
-        if node.args or any(k.arg is None for k in node.keywords):
-            return None
-        try:
-            out.append((node.func.id, {k.arg: ast.literal_eval(k.value) for k in node.keywords}))
-        except (ValueError, TypeError, SyntaxError, RecursionError):
-            return None
-    return out
