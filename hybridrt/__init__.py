@@ -74,15 +74,7 @@ def export_model(
     from .default_model import checkpoint_dir
     from .export.api import export
 
-    quantizer = None
-    if quantize is not None:  # the export's streamed writer runs the quantization pass on each layer
-        from .quantization.direct import FragmentQuantizer
-
-        if layout != "hybridrt":
-            from .interop.layouts import check_layout
-
-            check_layout(layout, checkpoint_dir(src), format, quantized=True)
-        quantizer = FragmentQuantizer(quantize, **(quantize_options or {}))
+    quantizer = None if quantize is None else _quantizer(quantize, quantize_options, layout, src, format)
     if layout != "hybridrt":  # another runtime's directory around the export (hybridrt.interop)
         from .interop.layouts import export_layout
 
@@ -110,3 +102,15 @@ def export_model(
         quantizer=quantizer,
         eval_text=eval_text,
     )
+
+
+def _quantizer(mode: str, options: dict[str, Any] | None, layout: str, src: str | Path, format: str) -> Any:
+    """The pass the export's streamed writer runs on each layer as it is written."""
+    from .default_model import checkpoint_dir
+    from .quantization.direct import FragmentQuantizer
+
+    if layout != "hybridrt":
+        from .interop.layouts import check_layout
+
+        check_layout(layout, checkpoint_dir(src), format, quantized=True)
+    return FragmentQuantizer(mode, **(options or {}))

@@ -1,6 +1,8 @@
 """`hybridrt serve --ray` on a local Ray cluster: affinity routing against Ray's own router on
-concurrent multi-turn conversations, two replicas against one of twice the threads, a replica
-killed under load, and autoscaling under a load ramp.
+concurrent multi-turn conversations, a turn sent past its busy replica with states moved or
+prefilled again (`moves`, by history length), two replicas against one of twice the threads, a
+replica killed under load, and autoscaling under a load ramp. `--only` runs some of them and
+keeps the others' figures from the JSON of an earlier run.
 
     python scripts/bench_ray.py --model build/prefix/onnx-int4 --template build/prefix/chatml.jinja \\
         --rounds 2 --out docs/bench/ray
@@ -20,6 +22,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -256,10 +259,14 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=["routers", "moves", "replicas", "kill", "autoscale"])
     args = ap.parse_args()
     tokenizer = args.model / "tokenizer.json"
-    logs = args.out.parent / "ray-logs"
+    logs = Path(tempfile.gettempdir()) / "hybridrt-bench-ray-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"setup": {"model": str(args.model), "cpus": args.cpus, "host": os.uname().nodename}}
-    results["rounds"] = []
+    # A run of some workloads (--only) keeps the other workloads' figures of an earlier run.
+    earlier = args.out.with_suffix(".json")
+    results: dict[str, Any] = json.loads(earlier.read_text()) if earlier.is_file() else {}
+    results["setup"] = {"model": str(args.model), "cpus": args.cpus, "host": os.uname().nodename}
+    if "routers" in args.only or "rounds" not in results:
+        results["rounds"] = []
     two = ["--replicas", "2", "--replica-cpus", "1", "--threads", "1"]
     for r in range(args.rounds if "routers" in args.only else 0):
         order = ["affinity", "default"] if r % 2 == 0 else ["default", "affinity"]
@@ -363,8 +370,10 @@ def report(results: dict[str, Any], out: Path) -> None:
         lines += ["## A turn sent past its busy replica: its states moved, or prefilled again", ""]
         lines += [
             "Turn 1 (a history of about 64 to 2,048 tokens) on its replica; that replica then held by 8 open streams "
+            "(the affinity bound), so turn 2 (the reply and ~32 new tokens) goes to the other replica, 2 replicas x 1 "
+            "thread. Moved: tokens of the state / its bytes / the move's milliseconds (x-hybridrt-state-from).",
+            "",
         ]
-        lines += ["(the affinity bound), so turn 2 (the reply and ~32 new tokens) goes to the other replica.", ""]
         lines += [
             "| state moves | round | turn-2 prompt tokens | TTFT, ms | reused tokens | moved (tokens, bytes, ms) |"
         ]

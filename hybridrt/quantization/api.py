@@ -70,6 +70,7 @@ def quantize(
     parent = load(src, "cpu")
     reader, held_out, windows = _calibrate(parent, cfg, texts, eval_texts, say) if has_tokenizer else (None, "", [])
     model, external = _load_graph(src / parent_manifest.graph_file)
+    kv_peak = None
     if cfg.kv_dtype == "int8":
         say(f"KV cache: calibrating int8 scales over {len(windows)} windows")
         kv_peak = kv_cache.calibrate(parent, windows)
@@ -80,43 +81,17 @@ def quantize(
     )
     rewrites.give_private_weights(model.graph, selection.quantize)
     with atomic_directory(out, QuantizationError) as tmp:
-        label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
-        quantized, vocab = model, None
-        if cfg.mode == "float16":
-            say("converting the graph to float16")
-            half_kv = [s.name for s in parent_manifest.pasts if s.is_kv] if cfg.kv_dtype == "float16" else []
-            quantized, converted = half.float16(model, half_kv=half_kv)
-            selection = dataclasses.replace(selection, quantize=converted)
-        elif cfg.quantizes_weights:
-            if not selection.quantize and not selection.vocab:
-                raise QuantizationError("no node is left to quantize after the exclusions; check --exclude/--include")
-            say(f"quantizing {len(selection.quantize)} nodes ({label})")
-            quantized, record = quantize_graph(model, cfg, selection, reader=reader, work=tmp, external=external)
-            vocab = record["vocab"]
+        quantized, selection, vocab = _weights(model, cfg, selection, reader, tmp, external, parent_manifest, say)
         evaluation = {"source": str(eval_text or "held-out calibration text"), "chars": len(held_out)}
         manifest = quantized_manifest(parent_manifest, src, cfg, selection, reader, evaluation)
         manifest.quantization = (manifest.quantization or {}) | {"vocab": vocab}
-        if cfg.kv_dtype == "float16":
-            manifest.inputs = [dataclasses.replace(s, dtype="float16") if s.is_kv else s for s in manifest.inputs]
-            manifest.outputs = [dataclasses.replace(s, dtype="float16") if s.is_kv else s for s in manifest.outputs]
-        if cfg.kv_dtype == "int8":
-            scales = kv_cache.scales(manifest, kv_peak, quantized.graph)
-            nodes = kv_cache.quantize_kv(quantized.graph, manifest, scales)
-            manifest.quantization["kv_cache"] = kv_cache.record(manifest, scales, len(windows), nodes)
+        _kv_buffers(manifest, cfg, quantized, kv_peak, len(windows))
         rewrites.order_nodes(quantized.graph)
         manifest.in_place = in_place_states(quantized.graph, manifest.pasts)
         save_onnx(quantized, tmp / parent_manifest.graph_file, external)
         copy_tokenizer(src, tmp)
         manifest.record_files(tmp)
-        if has_tokenizer:
-            say("measuring quality against the float model")
-            report = quality_report(parent, load(tmp, "cpu", manifest=manifest), held_out, cfg)
-            check_gates(report, cfg)
-            manifest.quantization |= {"report": report}
-        else:
-            load(tmp, "cpu", manifest=manifest)  # the quantized graph loads and matches its manifest
-            manifest.quantization |= {"report_skipped": NO_REPORT}
-            say(f"quality report skipped: {NO_REPORT}")
+        manifest.quantization |= _report(parent, tmp, manifest, held_out, cfg, has_tokenizer, say)
         manifest.quantization |= {
             "size": _sizes(src, tmp, parent_manifest.graph_file),
             "seconds": round(time.perf_counter() - t0, 2),
@@ -124,6 +99,69 @@ def quantize(
         manifest.write(tmp)
     say(f"wrote {out}")
     return manifest
+
+
+def _weights(
+    model: Any,
+    cfg: QuantConfig,
+    selection: NodeSelection,
+    reader: CalibrationReader | None,
+    tmp: Path,
+    external: bool,
+    parent: Manifest,
+    say: Callable[[str], None],
+) -> tuple[Any, NodeSelection, Any]:
+    """The graph with its weights converted (float16) or quantized (the mode's pass), the
+    selection of the nodes it changed, and the vocabulary's record."""
+    if cfg.mode == "float16":
+        say("converting the graph to float16")
+        half_kv = [s.name for s in parent.pasts if s.is_kv] if cfg.kv_dtype == "float16" else []
+        quantized, converted = half.float16(model, half_kv=half_kv)
+        return quantized, dataclasses.replace(selection, quantize=converted), None
+    if not cfg.quantizes_weights:
+        return model, selection, None
+    if not selection.quantize and not selection.vocab:
+        raise QuantizationError("no node is left to quantize after the exclusions; check --exclude/--include")
+    label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
+    say(f"quantizing {len(selection.quantize)} nodes ({label})")
+    quantized, record = quantize_graph(model, cfg, selection, reader=reader, work=tmp, external=external)
+    return quantized, selection, record["vocab"]
+
+
+def _kv_buffers(manifest: Manifest, cfg: QuantConfig, quantized: Any, kv_peak: Any, windows: int) -> None:
+    """The KV buffers in the dtype asked for: float16 in the manifest's specs, int8 with its
+    scales in the graph (and their record in the manifest)."""
+    if cfg.kv_dtype == "float16":
+        manifest.inputs = [dataclasses.replace(s, dtype="float16") if s.is_kv else s for s in manifest.inputs]
+        manifest.outputs = [dataclasses.replace(s, dtype="float16") if s.is_kv else s for s in manifest.outputs]
+    if cfg.kv_dtype == "int8":
+        assert manifest.quantization is not None
+        scales = kv_cache.scales(manifest, kv_peak, quantized.graph)
+        nodes = kv_cache.quantize_kv(quantized.graph, manifest, scales)
+        manifest.quantization["kv_cache"] = kv_cache.record(manifest, scales, windows, nodes)
+
+
+def _report(
+    parent: Any,
+    tmp: Path,
+    manifest: Manifest,
+    held_out: str,
+    cfg: QuantConfig,
+    has_tokenizer: bool,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """The quality report against the float model (its gates checked), or why there is none;
+    either way the written graph loads and matches its manifest."""
+    from ..runtime import load
+
+    if not has_tokenizer:
+        load(tmp, "cpu", manifest=manifest)
+        say(f"quality report skipped: {NO_REPORT}")
+        return {"report_skipped": NO_REPORT}
+    say("measuring quality against the float model")
+    report = quality_report(parent, load(tmp, "cpu", manifest=manifest), held_out, cfg)
+    check_gates(report, cfg)
+    return {"report": report}
 
 
 def _check_paths(src: Path, out: Path, force: bool) -> Manifest:

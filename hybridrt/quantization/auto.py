@@ -186,29 +186,12 @@ def choose(
         for i, c in enumerate(pool, 1):
             c.state_bytes = state_bytes(manifest, c.options, context, batch)
             c.estimated_bytes = estimate_weights(src, manifest, c.options)
-            if budget_bytes is not None and c.estimated_bytes + c.state_bytes > budget_bytes:
-                c.status, c.why = "dropped", _over(c.estimated_bytes + c.state_bytes, budget_bytes, "estimated")
+            if not _worth_building(c, budget_bytes, bool(calibration)):
                 say(f"[{i}/{len(pool)}] {c.name}: not built, {c.why}")
                 continue
-            if c.options and not calibration and QuantConfig.from_kwargs(**c.options).needs_text:
-                c.status, c.why = "dropped", "calibrates on text: give --calibration FILE (apart from --eval-text)"
-                say(f"[{i}/{len(pool)}] {c.name}: not built, {c.why}")
-                continue
-            built = [x for x in pool[: i - 1] if x.report is not None and x.options]
-            left = ""
-            if built:  # the candidates built so far took this long each
-                each = (time.perf_counter() - t0) / len(built)
-                left = f", about {each * sum(1 for x in pool[i - 1 :] if x.options):.0f} s of building left"
-            say(f"[{i}/{len(pool)}] {c.name}: building and measuring its quality ({_elapsed(t0)}{left})")
+            say(f"[{i}/{len(pool)}] {c.name}: building and measuring its quality ({_elapsed(t0)}{_left(pool, i, t0)})")
             _build(quantize, src, work, c, eval_text, calibration, options)
-            if budget_bytes is not None and (c.weight_bytes or 0) + c.state_bytes > budget_bytes:
-                c.status, c.why = "dropped", _over((c.weight_bytes or 0) + c.state_bytes, budget_bytes, "measured")
-                continue
-            failed = gates.failures(c.report or {})
-            if failed:
-                c.status, c.why = "dropped", "gate: " + "; ".join(failed)
-                continue
-            c.status = "passed"
+            _gate(c, budget_bytes, gates)
         passed = [c for c in pool if c.status == "passed"]
         if not passed:
             lines = "; ".join(f"{c.name}: {c.why}" for c in pool)
@@ -223,29 +206,72 @@ def choose(
         for c in passed:
             if c is not winner:
                 c.why = f"passed; {_cost_text(c, objective)} against the chosen {_cost_text(winner, objective)}"
-        plan = {
-            "version": PLAN_VERSION,
-            "source": {"path": str(src), "files": manifest.files},
-            "machine": machine(),
-            "budget_bytes": budget_bytes,
-            "context": context,
-            "batch": batch,
-            "objective": objective,
-            "gates": gates.__dict__,
-            "eval_text": text_record(eval_text),
-            "calibration": [text_record(p) for p in calibration],
-            "shared_options": options,
-            "chosen": winner.name,
-            "chosen_options": winner.options,
-            "candidates": [c.record() for c in pool],
-            "seconds": round(time.perf_counter() - t0, 1),
-        }
+        settings = {"budget_bytes": budget_bytes, "context": context, "batch": batch, "objective": objective}
+        plan = _plan(src, manifest, settings, gates, eval_text, calibration, options, winner, pool, t0)
         assert winner.directory is not None
         written = write(winner.directory, out, plan, move=bool(winner.options))
         say(f"chose {winner.name} ({winner.why}); wrote {out} in {_elapsed(t0)}")
         return written
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _worth_building(c: Candidate, budget_bytes: int | None, have_calibration: bool) -> bool:
+    """Whether candidate c can be built and may fit; if not, it is marked dropped (and why)."""
+    if budget_bytes is not None and c.estimated_bytes + c.state_bytes > budget_bytes:
+        c.status, c.why = "dropped", _over(c.estimated_bytes + c.state_bytes, budget_bytes, "estimated")
+        return False
+    if c.options and not have_calibration and QuantConfig.from_kwargs(**c.options).needs_text:
+        c.status, c.why = "dropped", "calibrates on text: give --calibration FILE (apart from --eval-text)"
+        return False
+    return True
+
+
+def _left(pool: list[Candidate], i: int, t0: float) -> str:
+    """The building time left after candidate i (1-based), at the pace of those built so far."""
+    built = [x for x in pool[: i - 1] if x.report is not None and x.options]
+    if not built:
+        return ""
+    each = (time.perf_counter() - t0) / len(built)
+    return f", about {each * sum(1 for x in pool[i - 1 :] if x.options):.0f} s of building left"
+
+
+def _gate(c: Candidate, budget_bytes: int | None, gates: Gates) -> None:
+    """A built candidate passes, or is dropped for its measured size or a quality gate."""
+    if budget_bytes is not None and (c.weight_bytes or 0) + c.state_bytes > budget_bytes:
+        c.status, c.why = "dropped", _over((c.weight_bytes or 0) + c.state_bytes, budget_bytes, "measured")
+        return
+    failed = gates.failures(c.report or {})
+    c.status, c.why = ("dropped", "gate: " + "; ".join(failed)) if failed else ("passed", c.why)
+
+
+def _plan(
+    src: Path,
+    manifest: Manifest,
+    settings: dict[str, Any],
+    gates: Gates,
+    eval_text: str | Path,
+    calibration: Sequence[str | Path],
+    options: dict[str, Any],
+    winner: Candidate,
+    pool: list[Candidate],
+    t0: float,
+) -> dict[str, Any]:
+    """The plan written beside the chosen model: every candidate, what it measured and why."""
+    return {
+        "version": PLAN_VERSION,
+        "source": {"path": str(src), "files": manifest.files},
+        "machine": machine(),
+        **settings,
+        "gates": gates.__dict__,
+        "eval_text": text_record(eval_text),
+        "calibration": [text_record(p) for p in calibration],
+        "shared_options": options,
+        "chosen": winner.name,
+        "chosen_options": winner.options,
+        "candidates": [c.record() for c in pool],
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def _build(

@@ -110,21 +110,12 @@ def load(
     """
     import onnxruntime as ort
 
-    directory = model_dir(path) if is_default(path) else as_path(path, "the model directory", GraphError)
-    manifest = read_manifest(directory) if manifest is None else manifest
-    if manifest.format != "onnx":
-        raise GraphError(f"{directory} holds a {manifest.format} graph; the runtime runs ONNX (export --format onnx)")
-    if verify:
-        verify_files(directory, manifest)
-    graph = directory / manifest.graph_file
-    if not graph.is_file():
-        raise GraphError(f"{graph} is missing; the directory is incomplete, re-export the model")
+    directory, manifest, graph = _directory(path, manifest, verify)
     auto = isinstance(provider, str) and provider.lower() == "auto"
     selection = select_providers(
         provider, ort.get_available_providers(), allow_fallback=allow_fallback, threads=threads
     )
-    capture = _capture(selection, cuda_graph)
-    bind = True if io_binding is None else io_binding
+    capture, bind = _capture(selection, cuda_graph), True if io_binding is None else io_binding
     if capture and not bind:
         raise ProviderError("cuda_graph replays steps bound to fixed buffers: it needs io_binding (leave it on)")
     if CUDA in selection.names:
@@ -138,6 +129,21 @@ def load(
     model.batched_chunks = not rewritten  # 1.31's kernel: a chunk after a past takes one row
     model.cuda_graph, model.length_inputs = capture, length_inputs
     return model
+
+
+def _directory(path: str | Path, manifest: Manifest | None, verify: bool) -> tuple[Path, Manifest, Path]:
+    """The exported directory, its manifest and its graph file, checked (and its files' checksums
+    with `verify`)."""
+    directory = model_dir(path) if is_default(path) else as_path(path, "the model directory", GraphError)
+    manifest = read_manifest(directory) if manifest is None else manifest
+    if manifest.format != "onnx":
+        raise GraphError(f"{directory} holds a {manifest.format} graph; the runtime runs ONNX (export --format onnx)")
+    if verify:
+        verify_files(directory, manifest)
+    graph = directory / manifest.graph_file
+    if not graph.is_file():
+        raise GraphError(f"{graph} is missing; the directory is incomplete, re-export the model")
+    return directory, manifest, graph
 
 
 def _capture(selection: ProviderSelection, cuda_graph: bool | None) -> bool:

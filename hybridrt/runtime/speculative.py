@@ -234,12 +234,7 @@ def speculate(
         return context[start:] + out if start < len(context) else out[start - len(context) :]
 
     stats.prompt_tokens = len(context) - int(target.lengths[0])
-    t0 = time.perf_counter()
-    logits = feed(target, np.asarray([tail(int(target.lengths[0]))], dtype=np.int64))[0]
-    pend_d = tail(int(draft.stepper.lengths[0]))
-    if pend_d:
-        feed(draft.stepper, np.asarray([pend_d], dtype=np.int64))
-    stats.prefill_s = time.perf_counter() - t0
+    logits = _catch_up(target, draft.stepper, tail(int(target.lengths[0])), tail(int(draft.stepper.lengths[0])), stats)
     tally = Tally.start(cfg, [history if history is not None else context], target.vocab)
     chooser = Chooser(cfg, eos, np.random.default_rng(cfg.seed), tally)
     eos_ids = np.asarray(eos, dtype=np.int64)
@@ -263,21 +258,37 @@ def speculate(
             pending = tail(int(target.lengths[0]))
             k = draft_length(schedule, cfg.max_new_tokens - len(out), target, draft.stepper, len(pending))
             if k < 1:  # drafting off, or no room left to draft: one plain step of the target
-                t_step = time.perf_counter()
-                logits = feed(target, np.asarray([pending], dtype=np.int64))[0]
-                if len(pending) == 1:
-                    schedule.observe_step(time.perf_counter() - t_step)
-                emit(chooser.pick(logits, tally, len(out)))
+                emit(chooser.pick(_plain_step(target, pending, schedule), tally, len(out)))
             else:
                 accepted, _ = draft.round(target, tail, k, chooser, len(out), emit)
-                stats.draft_tokens += k
-                stats.accepted_tokens += accepted
+                stats.draft_tokens, stats.accepted_tokens = stats.draft_tokens + k, stats.accepted_tokens + accepted
                 stats.rounds += 1
             stats.decode_tokens += len(emitted)
             yield from emitted
             emitted.clear()
     finally:
         stats.decode_s = time.perf_counter() - t0
+
+
+def _catch_up(
+    target: Stepper, draft: Stepper, pending: list[int], pending_draft: list[int], stats: GenerationStats
+) -> np.ndarray:
+    """Both steppers fed the context they have not seen; the target's last logits."""
+    t0 = time.perf_counter()
+    logits = feed(target, np.asarray([pending], dtype=np.int64))[0]
+    if pending_draft:
+        feed(draft, np.asarray([pending_draft], dtype=np.int64))
+    stats.prefill_s = time.perf_counter() - t0
+    return logits
+
+
+def _plain_step(target: Stepper, pending: list[int], schedule: DraftSchedule) -> np.ndarray:
+    """One call of the target on its pending tokens (a decode step's time feeds the schedule)."""
+    t0 = time.perf_counter()
+    logits = feed(target, np.asarray([pending], dtype=np.int64))[0]
+    if len(pending) == 1:
+        schedule.observe_step(time.perf_counter() - t0)
+    return logits
 
 
 def accept_or_replace(p: np.ndarray, q: np.ndarray, drafted: int, rng: np.random.Generator) -> int | None:

@@ -200,17 +200,11 @@ def echo_texts(model: Model, prompt: Any, rows: list[list[int]]) -> tuple[str, .
     return tuple(decode(model.tokenizer, row) if model.tokenizer is not None else "" for row in rows)
 
 
-def params(
-    body: dict[str, Any],
-    rows: list[list[int]],
-    max_length: int,
-    default_max: int | None,
-    recommended: dict[str, Any] | None = None,
-    echo: bool = False,
-) -> Params:
-    """Generation parameters for `rows` (already tokenized), checked against the model's length;
-    `recommended` (the manifest's generation settings) gives the repetition penalty's default;
-    with `echo`, max_tokens may be 0 (the prompt is scored, nothing generated)."""
+def _max_tokens(
+    body: dict[str, Any], rows: list[list[int]], max_length: int, default_max: int | None, echo: bool
+) -> tuple[str, int]:
+    """The field that sets the reply's length (max_completion_tokens over max_tokens) and its
+    value, within the room the longest prompt leaves in the model's max length."""
     longest = max(len(r) for r in rows)
     room = max_length - longest
     if room < 1:
@@ -231,6 +225,21 @@ def params(
             name,
             "context_length_exceeded",
         )
+    return name, max_tokens
+
+
+def params(
+    body: dict[str, Any],
+    rows: list[list[int]],
+    max_length: int,
+    default_max: int | None,
+    recommended: dict[str, Any] | None = None,
+    echo: bool = False,
+) -> Params:
+    """Generation parameters for `rows` (already tokenized), checked against the model's length;
+    `recommended` (the manifest's generation settings) gives the repetition penalty's default;
+    with `echo`, max_tokens may be 0 (the prompt is scored, nothing generated)."""
+    name, max_tokens = _max_tokens(body, rows, max_length, default_max, echo)
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_k = _int(body, "top_k", -1, -1, None)
     seed = body.get("seed")
