@@ -1,6 +1,8 @@
 """`hybridrt serve --ray` on a real local Ray cluster (2 CPUs, 127.0.0.1): two engine replicas
 behind the front, answering as `hybridrt serve` does, a conversation's turns kept on the
-replica that holds its states, and a replica killed in the middle of a stream."""
+replica that holds its states, a turn sent past its busy replica resuming from states moved
+there, and a replica killed in the middle of a stream; and on a cluster of two hosts (network
+namespaces joined by a veth pair), a replica on each and states moved between them."""
 
 from __future__ import annotations
 
@@ -50,6 +52,8 @@ def ray_serve(model: Path, *flags: str) -> Iterator[tuple[subprocess.Popen[str],
     # Ray rewrites a 127.0.0.1 cluster address to the host's own address unless told this is a
     # one-machine setup: the tests' clusters listen on the loopback interface only.
     env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    # The two-host cluster (two_hosts) runs without Ray's token authentication, as a local one does.
+    env["RAY_AUTH_MODE"] = "disabled"
     local = [] if "--ray-address" in flags else ["--ray-cpus", "2"]
     argv = [sys.executable, "-c", CLI, "serve", str(model), "--ray", *local, "--port", str(port), *flags]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -159,12 +163,12 @@ def test_a_conversations_turns_stay_on_the_replica_with_its_states(cluster: str)
     assert all(len(h) == 1 for h in homes.values()), homes
 
 
-def test_a_turn_sent_past_its_busy_replica_resumes_from_states_moved_there(cluster: str, default_onnx: Path) -> None:
-    """A conversation's next turn that the router sends elsewhere (its replica has `--slots`
-    requests in hand) resumes from the holder's state, moved through Ray's object store, and
-    answers as a cold server does."""
+def _turn_past_its_busy_replica(url: str) -> tuple[str, httpx.Response]:
+    """Turn 1 of a conversation on its replica, which `SLOTS` open streams continuing it then
+    hold at the affinity bound, and turn 2 (sent elsewhere): the first replica and turn 2's
+    response."""
     history = "A log of the harbour: " + "ships came in with the tide and left at dawn. " * 14
-    first = _complete(cluster, history, max_tokens=6)
+    first = _complete(url, history, max_tokens=6)
     assert first.status_code == 200
     home = first.headers["x-hybridrt-replica"]
     turn2 = history + first.json()["choices"][0]["text"] + " The harbour master wrote again: " * 3
@@ -172,17 +176,26 @@ def test_a_turn_sent_past_its_busy_replica_resumes_from_states_moved_there(clust
     with contextlib.ExitStack() as streams:
         for i in range(SLOTS):  # the affinity bound: the holder now has --slots requests in hand
             r = streams.enter_context(
-                httpx.stream("POST", f"{cluster}/v1/completions", json=busy | {"prompt": f"{history} {i}"}, timeout=60)
+                httpx.stream("POST", f"{url}/v1/completions", json=busy | {"prompt": f"{history} {i}"}, timeout=60)
             )
             assert r.status_code == 200 and r.headers["x-hybridrt-replica"] == home
-        moved = _complete(cluster, turn2, max_tokens=8)
+        moved = _complete(url, turn2, max_tokens=8)
     assert moved.status_code == 200 and moved.headers["x-hybridrt-replica"] != home
+    return home, moved
+
+
+def test_a_turn_sent_past_its_busy_replica_resumes_from_states_moved_there(cluster: str, default_onnx: Path) -> None:
+    """A conversation's next turn that the router sends elsewhere (its replica has `--slots`
+    requests in hand) resumes from the holder's state, moved through Ray's object store, and
+    answers as a cold server does."""
+    home, moved = _turn_past_its_busy_replica(cluster)
     source, *fields = moved.headers["x-hybridrt-state-from"].split("; ")
     figures = dict(f.split("=") for f in fields)
     assert source == home and int(figures["tokens"]) > 100 and int(figures["bytes"]) > 0
     assert moved.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == int(figures["tokens"])
+    prompt = json.loads(moved.request.content)["prompt"]
     with running(hybridrt.load(default_onnx), model_name="tiny", api_key=None) as local:
-        cold = _complete(local.url, turn2, max_tokens=8).json()
+        cold = _complete(local.url, prompt, max_tokens=8).json()
     assert moved.json()["choices"][0]["text"] == cold["choices"][0]["text"]
     assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
@@ -213,33 +226,71 @@ def test_a_killed_replica_ends_its_streams_with_an_error_and_the_others_answer(
     assert wait_for(two_again, 90)  # Ray started a new replica
 
 
-def test_replicas_spread_over_two_nodes_of_a_running_cluster(default_onnx: Path) -> None:
-    """A cluster of two raylets (a head and a worker node, 1 CPU each), joined with
-    --ray-address: one replica on each node, both answering through the head's proxy."""
-    from ray.cluster_utils import Cluster
-
+@contextlib.contextmanager
+def two_hosts() -> Iterator[str]:
+    """A Ray cluster of two hosts on this machine: the head (1 CPU) in this network namespace and
+    a worker node (1 CPU) in a namespace of its own, joined by a veth pair (10.77.N.1 and .2);
+    the head's address. Needs root and `ip netns` (the tests' machines have both)."""
+    tag = f"hrt{os.getpid() % 100000}"
+    net = f"10.77.{os.getpid() % 250}"
     temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
-    head = {"num_cpus": 1, "temp_dir": str(temp), "include_dashboard": False, "node_ip_address": "127.0.0.1"}
-    nodes = Cluster(initialize_head=True, head_node_args=head)
+    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    inside = ["ip", "netns", "exec", tag]
+    setup = [
+        ["ip", "netns", "add", tag],
+        ["ip", "link", "add", f"{tag}a", "type", "veth", "peer", "name", f"{tag}b"],
+        ["ip", "link", "set", f"{tag}b", "netns", tag],
+        ["ip", "addr", "add", f"{net}.1/24", "dev", f"{tag}a"],
+        ["ip", "link", "set", f"{tag}a", "up"],
+        [*inside, "ip", "addr", "add", f"{net}.2/24", "dev", f"{tag}b"],
+        [*inside, "ip", "link", "set", f"{tag}b", "up"],
+        [*inside, "ip", "link", "set", "lo", "up"],
+    ]
+    ray = [sys.executable, "-m", "ray.scripts.scripts"]
+    head = f"{net}.1:{_free_port()}"
     try:
-        nodes.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-        flags = ("--ray-address", nodes.address, "--replicas", "2", "--slots", "2", "--model-name", "tiny")
+        for cmd in setup:
+            subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+        start = ["start", "--num-cpus", "1", "--disable-usage-stats"]
+        port = head.rsplit(":", 1)[1]
+        head_cmd = [*ray, *start, "--head", "--node-ip-address", f"{net}.1", "--port", port, "--temp-dir", str(temp)]
+        subprocess.run(
+            [*head_cmd, "--include-dashboard", "false"], check=True, capture_output=True, env=env, timeout=120
+        )
+        node = [*inside, *ray, *start, "--address", head, "--node-ip-address", f"{net}.2"]
+        subprocess.run(node, check=True, capture_output=True, env=env, timeout=120)
+        yield head
+    finally:
+        subprocess.run([*inside, *ray, "stop", "--force"], capture_output=True, env=env, timeout=120)
+        subprocess.run([*ray, "stop", "--force"], capture_output=True, env=env, timeout=120)
+        subprocess.run(["ip", "link", "del", f"{tag}a"], capture_output=True, timeout=30)
+        subprocess.run(["ip", "netns", "del", tag], capture_output=True, timeout=30)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_replicas_on_two_hosts_answer_and_move_states_between_them(default_onnx: Path) -> None:
+    """A cluster of two hosts (network namespaces joined by a veth pair), joined with
+    --ray-address: one replica on each, both answering through the head's proxy, and a turn
+    sent past its busy replica resumes from states moved from the other host."""
+    with two_hosts() as address:
+        flags = ("--ray-address", address, "--replicas", "2", "--slots", str(SLOTS), "--model-name", "tiny")
         with ray_serve(default_onnx, *flags) as (proc, url):
             assert wait_for(lambda: _healthy(url) or proc.poll() is not None, 120), "the Ray app did not come up"
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            nodes_seen: set[str] = set()
+            nodes: dict[str, str] = {}  # replica -> node
 
             def both_nodes() -> bool:  # the second replica may still be starting when /health first answers
-                r = _complete(url, f"{len(nodes_seen)} {time.monotonic()} on a node " * 10)
-                nodes_seen.update([r.headers["x-hybridrt-replica-node"]] if r.status_code == 200 else [])
-                return len(nodes_seen) == 2
+                r = _complete(url, f"{len(nodes)} {time.monotonic()} on a node " * 10)
+                if r.status_code == 200:
+                    nodes[r.headers["x-hybridrt-replica"]] = r.headers["x-hybridrt-replica-node"]
+                return len(set(nodes.values())) == 2
 
-            assert wait_for(both_nodes, 60), f"replicas answered from {len(nodes_seen)} node(s)"
+            assert wait_for(both_nodes, 60), f"replicas answered from {len(set(nodes.values()))} node(s)"
             answers = [_complete(url, f"{i} on a node " * 20) for i in range(12)]
             assert all(r.status_code == 200 for r in answers), [(r.status_code, r.text[:300]) for r in answers]
-    finally:
-        nodes.shutdown()
-        shutil.rmtree(temp, ignore_errors=True)
+            home, moved = _turn_past_its_busy_replica(url)
+            assert moved.headers["x-hybridrt-replica-node"] != nodes[home]  # the state crossed the veth pair
+            assert moved.headers["x-hybridrt-state-from"].startswith(home)
 
 
 def test_the_local_cluster_size_is_refused_with_a_running_cluster(default_onnx: Path) -> None:
