@@ -221,3 +221,20 @@ def test_bfloat16_states_take_half_the_memory_and_resume_close(model: hybridrt.r
     assert len(model.state_cache(directory=tmp_path, spacing=16)) == len(on_disk)  # nor its files the exact one's
     with pytest.raises(GenerationError, match="stored must be"):
         model.state_cache(stored="int8")
+
+
+def test_a_state_read_for_a_peer_counts_no_hit_here_and_depth_reads_nothing(jamba_onnx: Path) -> None:
+    """A replica that hands a state to another (deploy/ray_peers.py) reads it uncounted: the
+    receiver counts the hit it resumes from. depth() says how far the cache reaches, no read."""
+    model = hybridrt.load(jamba_onnx)
+    p = _prompt(150)
+    cache = model.state_cache(memory_bytes=2**28, spacing=64)
+    model.generate(p, cache=cache, max_new_tokens=2)
+    longer = p + _prompt(30, seed=3)
+    before = (cache.stats.lookups, cache.stats.hits, cache.stats.hit_tokens, cache.stats.disk_reads)
+    have = cache.depth(longer)
+    peer = cache.lookup(longer, counted=False)
+    assert peer is not None and have == peer.snapshot.length >= 64
+    assert (cache.stats.lookups, cache.stats.hits, cache.stats.hit_tokens, cache.stats.disk_reads) == before
+    assert cache.depth(_prompt(40, seed=4)) == 0
+    assert cache.lookup(longer) is not None and cache.stats.hits == before[1] + 1

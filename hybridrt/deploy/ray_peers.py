@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..graphs.contract import state_bytes_per_sequence
 from ..runtime.prefix_cache import StateCache
 from ..runtime.state import Snapshot
 
@@ -63,7 +64,6 @@ class TransferCost:
 
     latency_s: float = 0.010
     seconds_per_byte: float = 1e-9  # 1 GB/s
-    moves: int = 0
 
     def seconds(self, nbytes: int) -> float:
         return self.latency_s + nbytes * self.seconds_per_byte
@@ -73,19 +73,13 @@ class TransferCost:
         return tokens > 0 and tokens * seconds_per_token > self.seconds(nbytes)
 
     def observe(self, nbytes: int, seconds: float) -> None:
-        self.moves += 1
         per_byte = max(seconds - self.latency_s, 0.0) / max(nbytes, 1)
         self.seconds_per_byte = 0.7 * self.seconds_per_byte + 0.3 * per_byte
 
 
 def state_bytes(cache: StateCache, length: int) -> int:
     """Bytes of a state after `length` tokens: the fixed-size states plus `length` positions of KV."""
-    kv = 0
-    for spec in cache.pasts:
-        if spec.is_kv:
-            sizes = [d if isinstance(d, int) else 1 for d in spec.dims]
-            kv += int(np.prod(sizes)) * np.dtype(spec.dtype).itemsize
-    return cache.state_bytes + kv * length
+    return sum(state_bytes_per_sequence(s) * (length if s.is_kv else 1) for s in cache.pasts)
 
 
 class PeerStates:
@@ -134,7 +128,7 @@ def snapshot_for(cache: StateCache | None, tokens: list[int], at_least: int) -> 
     """The holder's side: its deepest state of `tokens` if it covers `at_least` tokens."""
     if cache is None or not cache.enabled:
         return None
-    hit = cache.lookup(tokens)
+    hit = cache.lookup(tokens, counted=False)  # the receiver counts the hit it resumes from
     if hit is None or hit.snapshot.length < at_least:
         return None
     return {"length": hit.snapshot.length, "states": hit.snapshot.states, "logits": hit.logits}

@@ -66,31 +66,19 @@ def program_to_onnx(
     """torch.onnx's dynamo exporter at OPSET, with the fused ops' translations."""
     with warnings.catch_warnings(), uncached_fake_tensors():  # torch.onnx traces the program again
         warnings.simplefilter("ignore")
+        common: dict[str, Any] = {
+            "input_names": input_names,
+            "output_names": output_names,
+            "opset_version": OPSET,
+            "optimize": True,
+            "verbose": False,
+        }
         registry = _registry()
-        onnx_program: Any
         if registry is not None:
-            from torch.onnx._internal.exporter import _core
-
-            onnx_program = _core.export(
-                program,
-                registry=registry,
-                input_names=input_names,
-                output_names=output_names,
-                opset_version=OPSET,
-                optimize=True,
-                verbose=False,
-            )
+            onnx_program = _entry_point()(program, registry=registry, **common)
         else:
-            onnx_program = torch.onnx.export(
-                program,
-                input_names=input_names,
-                output_names=output_names,
-                opset_version=OPSET,
-                dynamo=True,
-                optimize=True,
-                custom_translation_table=onnx_translations(),  # type: ignore[arg-type]
-                verbose=False,
-            )
+            table = onnx_translations()
+            onnx_program = torch.onnx.export(program, dynamo=True, custom_translation_table=table, **common)  # type: ignore[arg-type]
     assert onnx_program is not None
     return onnx_program.model_proto
 
@@ -101,6 +89,12 @@ def _registry() -> Any:
     quarter of a small layer's export); the exporter's own entry point takes a built one. None
     where that entry point is not the one this torch was checked against: then torch.onnx.export
     builds it as usual (tests/test_export.py checks that both give the same graph)."""
+    return None if _entry_point() is None else _built_registry(_fused_op_set())
+
+
+@functools.cache
+def _entry_point() -> Any:
+    """torch.onnx's exporter entry point that takes a registry, if it has the signature checked."""
     import inspect
 
     try:
@@ -112,7 +106,7 @@ def _registry() -> Any:
     params = inspect.signature(_core.export).parameters
     if not {"registry", "input_names", "output_names", "opset_version", "optimize"} <= params.keys():
         return None
-    return _built_registry(_fused_op_set())
+    return _core.export
 
 
 def _fused_op_set() -> tuple[tuple[str, int], ...]:

@@ -150,15 +150,16 @@ class StateCache:
         parts += [common_prefix(tokens, o) for o in others]
         return marks(len(tokens), start, True, self.spacing, self.state_bytes, self.seconds_per_token, parts)
 
-    def lookup(self, tokens: Sequence[int], whole: bool = False) -> Hit | None:
+    def lookup(self, tokens: Sequence[int], whole: bool = False, counted: bool = True) -> Hit | None:
         """The deepest stored state to resume `tokens` from: one whose prefix they start with,
         leaving at least one token to feed unless its logits are stored; for a model without
         recurrent state, also any longer stored prefix cut to where it agrees. `whole`: only a
-        state of all of `tokens` with its logits (nothing left to prefill)."""
+        state of all of `tokens` with its logits (nothing left to prefill). counted=False: a
+        state read for another cache (a peer replica's), which counts its own hit."""
         if not self.enabled or not tokens:
             return None
         with self.lock:
-            self.stats.lookups += 1
+            self.stats.lookups += counted
             match = self.tree.match(tokens)
             candidates = [(e, n.depth) for n, e in match.path if n.depth < len(tokens) or e.has_logits]
             if whole:
@@ -180,9 +181,10 @@ class StateCache:
                 if length < entry.length:  # KV only: cut to the agreeing prefix
                     states = [_fit(x, s, length) for s, x in zip(self.pasts, states)]
                 logits = logits if length == len(tokens) == entry.length else None
-                self.stats.hits += 1
-                self.stats.hit_tokens += length
-                self.stats.saved_seconds += length * self.seconds_per_token
+                if counted:
+                    self.stats.hits += 1
+                    self.stats.hit_tokens += length
+                    self.stats.saved_seconds += length * self.seconds_per_token
                 return Hit(Snapshot(states, length), None if logits is None else logits.copy(), match.agree)
             return None
 
