@@ -1,8 +1,9 @@
-"""`hybridrt serve --ray` on a real local Ray cluster (2 CPUs, 127.0.0.1): two engine replicas
-behind the front, answering as `hybridrt serve` does, a conversation's turns kept on the
-replica that holds its states, a turn sent past its busy replica resuming from states moved
-there, and a replica killed in the middle of a stream; and on a cluster of two hosts (network
-namespaces joined by a veth pair), a replica on each and states moved between them."""
+"""`hybridrt serve --ray` on a real Ray cluster of two hosts (network namespaces joined by a
+veth pair, joined with --ray-address): an engine replica on each host behind the front,
+answering as `hybridrt serve` does, a conversation's turns kept on the replica that holds its
+states, a turn sent past its busy replica resuming from states moved from the other host, and a
+replica killed in the middle of a stream; and a local cluster started by `--ray` itself, whose
+replica cannot load its model."""
 
 from __future__ import annotations
 
@@ -69,16 +70,6 @@ def ray_serve(model: Path, *flags: str) -> Iterator[tuple[subprocess.Popen[str],
         shutil.rmtree(temp, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def cluster(default_onnx: Path) -> Iterator[str]:
-    """Two engine replicas of the default model on a local cluster of 2 CPUs, both answering."""
-    flags = ("--replicas", "2", "--slots", str(SLOTS), "--cache-mb", "64", "--model-name", "tiny")
-    with ray_serve(default_onnx, *flags) as (proc, url):
-        assert wait_for(lambda: _healthy(url) or proc.poll() is not None, 120), "the Ray app did not come up"
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        yield url
-
-
 def test_a_model_that_does_not_load_fails_the_start_in_one_line(default_onnx: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     shutil.copytree(default_onnx, broken)
@@ -134,98 +125,6 @@ def test_a_state_moves_only_where_it_beats_prefilling_again() -> None:
     assert directory.holder(["x"]) is None
 
 
-def test_replicas_answer_as_the_server_does(cluster: str, default_onnx: Path) -> None:
-    prompt = "The quick brown fox"
-    with running(hybridrt.load(default_onnx), model_name="tiny", api_key=None) as local:
-        want = _complete(local.url, prompt).json()["choices"][0]["text"]
-        bad_local = _complete(local.url, prompt, temperature=-1)
-    got = _complete(cluster, prompt)
-    assert got.status_code == 200 and got.json()["choices"][0]["text"] == want
-    bad = _complete(cluster, prompt, temperature=-1)
-    assert bad.status_code == bad_local.status_code == 400
-    assert bad.json()["error"]["message"] == bad_local.json()["error"]["message"]
-    assert httpx.get(f"{cluster}/v1/models", timeout=30).json()["data"][0]["id"] == "tiny"
-    seen = {_complete(cluster, f"{i} " * 30).headers["x-hybridrt-replica"] for i in range(12)}
-    assert len(seen) == 2  # both replicas take new prompts
-
-
-def test_a_conversations_turns_stay_on_the_replica_with_its_states(cluster: str) -> None:
-    conversations = [f"Conversation {c}: " + "a story about the sea and the ships " * 12 for c in range(4)]
-    homes: dict[int, set[str]] = {c: set() for c in range(4)}
-    for turn in range(3):
-        for c, history in enumerate(conversations):
-            r = _complete(cluster, history, max_tokens=6)
-            assert r.status_code == 200
-            homes[c].add(r.headers["x-hybridrt-replica"])
-            if turn:
-                assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-            conversations[c] = history + r.json()["choices"][0]["text"] + f" and then turn {turn} came "
-    assert all(len(h) == 1 for h in homes.values()), homes
-
-
-def _turn_past_its_busy_replica(url: str) -> tuple[str, httpx.Response]:
-    """Turn 1 of a conversation on its replica, which `SLOTS` open streams continuing it then
-    hold at the affinity bound, and turn 2 (sent elsewhere): the first replica and turn 2's
-    response."""
-    history = "A log of the harbour: " + "ships came in with the tide and left at dawn. " * 14
-    first = _complete(url, history, max_tokens=6)
-    assert first.status_code == 200
-    home = first.headers["x-hybridrt-replica"]
-    turn2 = history + first.json()["choices"][0]["text"] + " The harbour master wrote again: " * 3
-    busy = {"model": "tiny", "max_tokens": 400, "stream": True, "ignore_eos": True}
-    with contextlib.ExitStack() as streams:
-        for i in range(SLOTS):  # the affinity bound: the holder now has --slots requests in hand
-            r = streams.enter_context(
-                httpx.stream("POST", f"{url}/v1/completions", json=busy | {"prompt": f"{history} {i}"}, timeout=60)
-            )
-            assert r.status_code == 200 and r.headers["x-hybridrt-replica"] == home
-        moved = _complete(url, turn2, max_tokens=8)
-    assert moved.status_code == 200 and moved.headers["x-hybridrt-replica"] != home
-    return home, moved
-
-
-def test_a_turn_sent_past_its_busy_replica_resumes_from_states_moved_there(cluster: str, default_onnx: Path) -> None:
-    """A conversation's next turn that the router sends elsewhere (its replica has `--slots`
-    requests in hand) resumes from the holder's state, moved through Ray's object store, and
-    answers as a cold server does."""
-    home, moved = _turn_past_its_busy_replica(cluster)
-    source, *fields = moved.headers["x-hybridrt-state-from"].split("; ")
-    figures = dict(f.split("=") for f in fields)
-    assert source == home and int(figures["tokens"]) > 100 and int(figures["bytes"]) > 0
-    assert moved.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == int(figures["tokens"])
-    prompt = json.loads(moved.request.content)["prompt"]
-    with running(hybridrt.load(default_onnx), model_name="tiny", api_key=None) as local:
-        cold = _complete(local.url, prompt, max_tokens=8).json()
-    assert moved.json()["choices"][0]["text"] == cold["choices"][0]["text"]
-    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-
-
-def test_a_killed_replica_ends_its_streams_with_an_error_and_the_others_answer(
-    cluster: str, default_onnx: Path
-) -> None:
-    longest = hybridrt.load(default_onnx).manifest.max_length - 8
-    payload = {"model": "tiny", "prompt": "Once", "max_tokens": longest, "stream": True, "ignore_eos": True}
-    events: list[str] = []
-    with httpx.stream("POST", f"{cluster}/v1/completions", json=payload, timeout=60) as r:
-        assert r.status_code == 200
-        pid, victim = int(r.headers["x-hybridrt-replica-pid"]), r.headers["x-hybridrt-replica"]
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                events.append(line[6:])
-                if len(events) == 3:
-                    os.kill(pid, signal.SIGKILL)
-    assert len(events) < longest and "error" in json.loads(events[-1])
-    t0 = time.monotonic()
-    after = _complete(cluster, "After the crash")
-    assert after.status_code == 200 and after.headers["x-hybridrt-replica"] != victim
-    assert time.monotonic() - t0 < 30
-
-    def two_again() -> bool:
-        return len({_complete(cluster, f"{i} again " * 30).headers["x-hybridrt-replica"] for i in range(8)}) == 2
-
-    assert wait_for(two_again, 90)  # Ray started a new replica
-
-
 @contextlib.contextmanager
 def two_hosts() -> Iterator[str]:
     """A Ray cluster of two hosts on this machine: the head (1 CPU) in this network namespace and
@@ -268,29 +167,121 @@ def two_hosts() -> Iterator[str]:
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def test_replicas_on_two_hosts_answer_and_move_states_between_them(default_onnx: Path) -> None:
-    """A cluster of two hosts (network namespaces joined by a veth pair), joined with
-    --ray-address: one replica on each, both answering through the head's proxy, and a turn
-    sent past its busy replica resumes from states moved from the other host."""
+@pytest.fixture(scope="module")
+def cluster(default_onnx: Path) -> Iterator[str]:
+    """Two engine replicas of the default model on a cluster of two hosts of 1 CPU each
+    (two_hosts), one replica on each, both answering; the front's URL."""
     with two_hosts() as address:
-        flags = ("--ray-address", address, "--replicas", "2", "--slots", str(SLOTS), "--model-name", "tiny")
-        with ray_serve(default_onnx, *flags) as (proc, url):
+        flags = ("--ray-address", address, "--replicas", "2", "--slots", str(SLOTS), "--cache-mb", "64")
+        with ray_serve(default_onnx, *flags, "--model-name", "tiny") as (proc, url):
             assert wait_for(lambda: _healthy(url) or proc.poll() is not None, 120), "the Ray app did not come up"
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            nodes: dict[str, str] = {}  # replica -> node
+            yield url
 
-            def both_nodes() -> bool:  # the second replica may still be starting when /health first answers
-                r = _complete(url, f"{len(nodes)} {time.monotonic()} on a node " * 10)
-                if r.status_code == 200:
-                    nodes[r.headers["x-hybridrt-replica"]] = r.headers["x-hybridrt-replica-node"]
-                return len(set(nodes.values())) == 2
 
-            assert wait_for(both_nodes, 60), f"replicas answered from {len(set(nodes.values()))} node(s)"
-            answers = [_complete(url, f"{i} on a node " * 20) for i in range(12)]
-            assert all(r.status_code == 200 for r in answers), [(r.status_code, r.text[:300]) for r in answers]
-            home, moved = _turn_past_its_busy_replica(url)
-            assert moved.headers["x-hybridrt-replica-node"] != nodes[home]  # the state crossed the veth pair
-            assert moved.headers["x-hybridrt-state-from"].startswith(home)
+def test_replicas_answer_from_both_hosts(cluster: str) -> None:
+    nodes: dict[str, str] = {}  # replica -> node
+
+    def both_nodes() -> bool:  # the second replica may still be starting when /health first answers
+        r = _complete(cluster, f"{len(nodes)} {time.monotonic()} on a node " * 10)
+        if r.status_code == 200:
+            nodes[r.headers["x-hybridrt-replica"]] = r.headers["x-hybridrt-replica-node"]
+        return len(set(nodes.values())) == 2
+
+    assert wait_for(both_nodes, 60), f"replicas answered from {len(set(nodes.values()))} node(s)"
+
+
+def test_replicas_answer_as_the_server_does(cluster: str, default_onnx: Path) -> None:
+    prompt = "The quick brown fox"
+    with running(hybridrt.load(default_onnx), model_name="tiny", api_key=None) as local:
+        want = _complete(local.url, prompt).json()["choices"][0]["text"]
+        bad_local = _complete(local.url, prompt, temperature=-1)
+    got = _complete(cluster, prompt)
+    assert got.status_code == 200 and got.json()["choices"][0]["text"] == want
+    bad = _complete(cluster, prompt, temperature=-1)
+    assert bad.status_code == bad_local.status_code == 400
+    assert bad.json()["error"]["message"] == bad_local.json()["error"]["message"]
+    assert httpx.get(f"{cluster}/v1/models", timeout=30).json()["data"][0]["id"] == "tiny"
+    seen = {_complete(cluster, f"{i} " * 30).headers["x-hybridrt-replica"] for i in range(12)}
+    assert len(seen) == 2  # both replicas take new prompts
+
+
+def test_a_conversations_turns_stay_on_the_replica_with_its_states(cluster: str) -> None:
+    conversations = [f"Conversation {c}: " + "a story about the sea and the ships " * 12 for c in range(4)]
+    homes: dict[int, set[str]] = {c: set() for c in range(4)}
+    for turn in range(3):
+        for c, history in enumerate(conversations):
+            r = _complete(cluster, history, max_tokens=6)
+            assert r.status_code == 200
+            homes[c].add(r.headers["x-hybridrt-replica"])
+            if turn:
+                assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+            conversations[c] = history + r.json()["choices"][0]["text"] + f" and then turn {turn} came "
+    assert all(len(h) == 1 for h in homes.values()), homes
+
+
+def _turn_past_its_busy_replica(url: str) -> tuple[str, str, httpx.Response]:
+    """Turn 1 of a conversation on its replica, which `SLOTS` open streams continuing it then
+    hold at the affinity bound, and turn 2 (sent elsewhere): the first replica, its node and
+    turn 2's response."""
+    history = "A log of the harbour: " + "ships came in with the tide and left at dawn. " * 14
+    first = _complete(url, history, max_tokens=6)
+    assert first.status_code == 200
+    home = first.headers["x-hybridrt-replica"]
+    turn2 = history + first.json()["choices"][0]["text"] + " The harbour master wrote again: " * 3
+    busy = {"model": "tiny", "max_tokens": 400, "stream": True, "ignore_eos": True}
+    with contextlib.ExitStack() as streams:
+        for i in range(SLOTS):  # the affinity bound: the holder now has --slots requests in hand
+            r = streams.enter_context(
+                httpx.stream("POST", f"{url}/v1/completions", json=busy | {"prompt": f"{history} {i}"}, timeout=60)
+            )
+            assert r.status_code == 200 and r.headers["x-hybridrt-replica"] == home
+        moved = _complete(url, turn2, max_tokens=8)
+    assert moved.status_code == 200 and moved.headers["x-hybridrt-replica"] != home
+    return home, first.headers["x-hybridrt-replica-node"], moved
+
+
+def test_a_turn_sent_past_its_busy_replica_resumes_from_states_moved_there(cluster: str, default_onnx: Path) -> None:
+    """A conversation's next turn that the router sends elsewhere (its replica has `--slots`
+    requests in hand) resumes from the holder's state, moved through Ray's object store from
+    the other host (across the veth pair), and answers as a cold server does."""
+    home, home_node, moved = _turn_past_its_busy_replica(cluster)
+    assert moved.headers["x-hybridrt-replica-node"] != home_node
+    source, *fields = moved.headers["x-hybridrt-state-from"].split("; ")
+    figures = dict(f.split("=") for f in fields)
+    assert source == home and int(figures["tokens"]) > 100 and int(figures["bytes"]) > 0
+    assert moved.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == int(figures["tokens"])
+    prompt = json.loads(moved.request.content)["prompt"]
+    with running(hybridrt.load(default_onnx), model_name="tiny", api_key=None) as local:
+        cold = _complete(local.url, prompt, max_tokens=8).json()
+    assert moved.json()["choices"][0]["text"] == cold["choices"][0]["text"]
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_a_killed_replica_ends_its_streams_with_an_error_and_the_others_answer(
+    cluster: str, default_onnx: Path
+) -> None:
+    longest = hybridrt.load(default_onnx).manifest.max_length - 8
+    payload = {"model": "tiny", "prompt": "Once", "max_tokens": longest, "stream": True, "ignore_eos": True}
+    events: list[str] = []
+    with httpx.stream("POST", f"{cluster}/v1/completions", json=payload, timeout=60) as r:
+        assert r.status_code == 200
+        pid, victim = int(r.headers["x-hybridrt-replica-pid"]), r.headers["x-hybridrt-replica"]
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if len(events) == 3:
+                    os.kill(pid, signal.SIGKILL)
+    assert len(events) < longest and "error" in json.loads(events[-1])
+    t0 = time.monotonic()
+    after = _complete(cluster, "After the crash")
+    assert after.status_code == 200 and after.headers["x-hybridrt-replica"] != victim
+    assert time.monotonic() - t0 < 30
+
+    def two_again() -> bool:
+        return len({_complete(cluster, f"{i} again " * 30).headers["x-hybridrt-replica"] for i in range(8)}) == 2
+
+    assert wait_for(two_again, 90)  # Ray started a new replica
 
 
 def test_the_local_cluster_size_is_refused_with_a_running_cluster(default_onnx: Path) -> None:

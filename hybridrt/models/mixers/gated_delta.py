@@ -87,7 +87,10 @@ class GatedDeltaNet(UsesFusedOps, nn.Module):
         q, k, v, z = torch.split(qkvz, [self.K, self.K, self.rep * self.V, self.rep * self.V], dim=3)
         ba = self.in_proj_ba(x).view(bsz, l, self.Hk, 2 * self.rep)
         b, a = torch.split(ba, [self.rep, self.rep], dim=3)
-        qkv = torch.cat([q.reshape(bsz, l, -1), k.reshape(bsz, l, -1), v.reshape(bsz, l, -1)], dim=-1)
+        qk_dim = self.Hk * self.K  # sizes spelled out: the graph holds constants, not a -1 to resolve
+        qkv = torch.cat(
+            [q.reshape(bsz, l, qk_dim), k.reshape(bsz, l, qk_dim), v.reshape(bsz, l, self.H * self.V)], dim=-1
+        )
         return qkv, z.reshape(bsz, l, self.H, self.V), b.reshape(bsz, l, self.H), a.reshape(bsz, l, self.H)
 
     def forward(

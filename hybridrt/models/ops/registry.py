@@ -56,8 +56,10 @@ def register(op: FusedOp) -> FusedOp:
 
 
 def onnx_translations() -> dict[object, object]:
-    """custom_translation_table entries for torch.onnx.export: every fused op's, and softplus."""
+    """custom_translation_table entries for torch.onnx.export: every fused op's, softplus, and
+    the few operators of torch.export's program that torch.onnx has no translation for."""
     table: dict[object, object] = {torch.ops.aten.softplus.default: _softplus_translation()}
+    table |= _program_translations()
     for name in sorted(FUSED_OPS):
         table[getattr(torch.ops.hybridrt, name).default] = FUSED_OPS[name].translation()
     return table
@@ -112,3 +114,46 @@ def fused_ops(module: nn.Module, fused: bool = True) -> Iterator[None]:
     finally:
         for m, was in previous:
             m.fused = was
+
+
+def _program_translations() -> dict[object, object]:
+    """Translations of the operators of a traced program (torch.export's, before any
+    decomposition) that onnxscript's torch library lacks: with them, every operator of the
+    models' programs translates as traced, and the exporter's decomposition pass, a second
+    trace that costs twice the first, can be skipped (export/onnx_export.py). Each is what
+    torch's decomposition of the operator translates to."""
+    import numpy as np
+    import onnx_ir as ir
+    from onnxscript import opset20
+    from onnxscript.function_libs.torch_lib.ops import core as ops_core
+
+    op: Any = opset20
+
+    def to_dtype(x, dtype, non_blocking=False, copy=False, memory_format=None):  # type: ignore[no-untyped-def]
+        return ops_core.aten__to_copy(x, dtype=dtype)  # what to() decomposes into
+
+    def square(x):  # type: ignore[no-untyped-def]
+        return op.Mul(x, x)  # torch's reference square
+
+    def or_tensor(a, b):  # type: ignore[no-untyped-def]
+        return op.Or(a, b) if a.dtype == ir.DataType.BOOL else op.BitwiseOr(a, b)
+
+    def eye(n, dtype=None, layout=None, device=None, pin_memory=None):  # type: ignore[no-untyped-def]
+        # n is a Python int here (the models' eyes are of static sizes): one constant, as
+        # torch's decomposition becomes once the exporter folds it.
+        numpy_type = np.float32 if dtype in (None, -1) else ir.DataType(dtype).numpy()
+        return op.Constant(value=ir.tensor(np.eye(n, dtype=numpy_type)))
+
+    def chunk(x, chunks, dim=0):  # type: ignore[no-untyped-def]
+        # Decomposed, chunk is a split on the dimension counted from the front: spell it so.
+        rank = x.shape.rank() if x.shape is not None else None
+        return ops_core.aten_chunk(x, chunks, dim + rank if dim < 0 and rank is not None else dim)
+
+    aten = torch.ops.aten
+    table: dict[object, object] = {aten.to.dtype: to_dtype, aten.square.default: square, aten.eye.default: eye}
+    table[aten.chunk.default] = chunk
+    table[aten.__or__.Tensor] = or_tensor
+    # A reshape is a view after decomposition, whose translation lets a 0 in the shape mean an
+    # empty dimension (allowzero) rather than "as in the input": keep that meaning.
+    table[aten.reshape.default] = ops_core.aten_view
+    return table

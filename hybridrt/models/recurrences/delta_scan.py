@@ -27,7 +27,7 @@ def _shifted(x: torch.Tensor, k: int, fill: torch.Tensor) -> torch.Tensor:
     """x [b, H, c, ...] shifted right by k along the chunk axis, the first k set to `fill`."""
     size = x.shape[2]
     pad = fill.expand(x.shape[0], x.shape[1], k, *x.shape[3:])
-    return torch.cat([pad, x], dim=2).narrow(2, 0, size)
+    return torch.cat([pad, x], dim=2)[:, :, :size]  # slicing, not narrow(): as in scan.py
 
 
 def unit_lower_inverse(n: torch.Tensor) -> torch.Tensor:

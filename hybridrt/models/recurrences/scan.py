@@ -24,7 +24,9 @@ def _shifted(x: torch.Tensor, k: int, dim: int, fill: float) -> torch.Tensor:
     pad_shape = list(x.shape)
     pad_shape[dim] = k
     pad = torch.full(pad_shape, fill, dtype=x.dtype, device=x.device)
-    return torch.cat([pad, x], dim=dim).narrow(dim, 0, size)
+    # Slicing rather than narrow(): the same graph whether or not the exporter decomposes the
+    # traced program (its translation of narrow adds the start to the length).
+    return torch.cat([pad, x], dim=dim)[(slice(None),) * (dim % x.dim()) + (slice(0, size),)]
 
 
 def _hillis_steele(a: torch.Tensor, u: torch.Tensor, dim: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +134,7 @@ def ssd_scan(
     states = torch.einsum("bclhn,bclhp->bchpn", Bc * to_end, x)
     # 3. Across chunks: h_end[k] = exp(total_k) h_end[k-1] + states[k] from h0, by the same
     # fixed-depth scan as Mamba1 (no [c, c] matrix whose size the trace could specialize).
-    totals = torch.exp(cs[..., -1]).permute(0, 2, 1)[..., None, None].expand_as(states)  # [b, c, H, P, n]
+    totals = torch.exp(cs[..., -1]).permute(0, 2, 1)[..., None, None].expand(states.shape)  # [b, c, H, P, n]
     # The chunk states are few (l / L of them): they are scanned in blocks of CHUNK_STATES, not
     # padded to a whole chunk of L (at L = 256 that padding was most of a long prompt's time).
     if _eager(n_chunks):  # running, not tracing: the few chunk states one after another
