@@ -93,7 +93,7 @@ def test_captured_steps_give_the_uncaptured_tokens_and_logits(which: str, jamba_
         la, lb = a.forward(nxt), b.forward(nxt)
         np.testing.assert_array_equal(la, lb)
     # every step after the first re-used the two bindings' graphs (one id each)
-    assert len(set(b._graph_ids.values())) == 2 and all(i > 0 for i in b._graph_ids.values())
+    assert len(set(b._captured.graph_ids.values())) == 2 and all(i > 0 for i in b._captured.graph_ids.values())
 
 
 def test_beams_speculative_and_rows_that_join_and_leave(half_kv: Path) -> None:
@@ -121,7 +121,7 @@ def test_beams_speculative_and_rows_that_join_and_leave(half_kv: Path) -> None:
             a.extend(ja)
             b.extend(jb)
             la, lb = np.concatenate([la, first_a]), np.concatenate([lb, first_b])
-    assert len(b._graph_ids) == 2  # the last buffers' two bindings
+    assert len(b._captured.graph_ids) == 2  # the last buffers' two bindings
 
 
 def test_graph_ids_are_per_session_and_bounded(jamba_onnx: Path) -> None:
@@ -132,12 +132,12 @@ def test_graph_ids_are_per_session_and_bounded(jamba_onnx: Path) -> None:
         stepper.forward(ids)
         stepper.forward(ids[:, :1])
         stepper.forward(ids[:, :1])
-    assert set(first._graph_ids.values()).isdisjoint(second._graph_ids.values())  # buffers differ
+    assert set(first._captured.graph_ids.values()).isdisjoint(second._captured.graph_ids.values())  # buffers differ
     model.inference_session._hybridrt_graphs = MAX_GRAPHS  # the session's graphs are used up
     third = model.stepper(1, 32)
     third.forward(ids)
     third.forward(ids[:, :1])
-    assert set(third._graph_ids.values()) == {-1}  # runs uncaptured, still right
+    assert set(third._captured.graph_ids.values()) == {-1}  # runs uncaptured, still right
 
 
 def test_capture_is_asked_through_the_cuda_provider_option_or_the_argument() -> None:

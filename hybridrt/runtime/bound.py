@@ -25,11 +25,8 @@ through the host.
 Rewinding copies nothing: the states of any of the last R-1 calls are still in the ring, and
 a rewind only picks which prebound binding runs next.
 
-With `capture` (the loader's cuda_graph) a decode step also reads its ids and lengths from
-fixed device buffers, updated in place, and writes its logits to a fixed device buffer; each
-binding's step is one CUDA graph (onnxruntime's `gpu_graph_id`), captured on its first use and
-replayed after, for as long as its buffers stay the same (a new batch or capacity takes new
-ones). Prompts and other calls run uncaptured (gpu_graph_id -1).
+With `capture` (the loader's cuda_graph) a decode step runs from fixed buffers as a captured
+CUDA graph (runtime/captured_step.py).
 """
 
 from __future__ import annotations
@@ -38,11 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from ..graphs.compat import TOTAL_LENGTH, length_feeds
+from ..graphs.compat import length_feeds
 from ..graphs.contract import TensorSpec, present_name
 from ..graphs.feeds import NUMPY_DTYPES, state_shape
 from ..graphs.manifest import Manifest
-from .device import Gathers, new_graph_id, run_options
+from .captured_step import CapturedStep
+from .device import Gathers, run_options
 from .state import Stepper, _fit
 
 # KV dtypes that onnxruntime's CUDA GroupQueryAttention reads on the device (see BoundStepper).
@@ -151,16 +149,9 @@ class BoundStepper(Stepper):
         self._kv_spare: list[Any] = []  # a second KV set for reorder off the host, made on first use
         self.step_logits = np.empty((b, 1, self.vocab), dtype=np.float32)
         self._step_value = ort.OrtValue.ortvalue_from_numpy(self.step_logits)
-        # Captured steps: inputs and logits in fixed device buffers (made on the first step),
-        # one graph id per binding and KV set (see _graph_id).
-        self._step_inputs: dict[str, Any] = {}
-        self._step_arrays: dict[str, np.ndarray] = {}
-        self._step_out = (
-            ort.OrtValue.ortvalue_from_shape_and_type((b, 1, self.vocab), np.float32, *self.device)
-            if self.capture and not self.on_host
-            else self._step_value
+        self._captured = (
+            CapturedStep(self.session, self.device, self.step_logits, self._step_value) if self.capture else None
         )
-        self._graph_ids: dict[tuple[int, int], int] = {}
         self._bind()
 
     def _bind(self) -> None:
@@ -168,7 +159,8 @@ class BoundStepper(Stepper):
         k + 1 mod ring; every binding reads and writes the KV buffers."""
         out_names = [o.name for o in self.session.get_outputs()]
         self.bindings = [self.session.io_binding() for _ in range(self.sets)]
-        self._step_bound: set[int] = set()  # bindings whose inputs are the captured step's buffers
+        if self._captured is not None:
+            self._captured.bound.clear()  # new bindings: the captured step binds them again
         for k, binding in enumerate(self.bindings):
             # Bind every output once in graph order: get_outputs() keeps the order of first binding.
             written = self._fixed_values[(k + 1) % self.sets]
@@ -188,11 +180,16 @@ class BoundStepper(Stepper):
         feeds = self._feeds(ids, all_logits, last)
         binding = self.bindings[self.current]
         step = ids.shape[1] == 1 and not all_logits
-        if step and self.capture:
-            return self._captured_step(binding, feeds)
+        if step and self._captured is not None:
+            feeds |= length_feeds(self.length_inputs, self.lengths, 1, self.capacity)
+            kv_buffers = id(self._kv_values[0]) if self._kv_values else 0
+            logits = self._captured.run(binding, self.current, kv_buffers, feeds)
+            self.current = (self.current + 1) % self.sets
+            return logits
         if self.length_inputs:  # as the graph computed them before the rewrite (total: the longest row)
             feeds |= length_feeds(self.length_inputs, self.lengths, ids.shape[1], int(self.lengths.max()))
-        self._step_bound.discard(self.current)  # its inputs are these host arrays now
+        if self._captured is not None:
+            self._captured.bound.discard(self.current)  # its inputs are these host arrays now
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
         if step:
@@ -205,43 +202,6 @@ class BoundStepper(Stepper):
             return self.step_logits[:, -1]
         logits = binding.get_outputs()[0].numpy()
         return logits if all_logits or last > 1 else logits[:, -1]
-
-    def _captured_step(self, binding: Any, feeds: dict[str, np.ndarray]) -> np.ndarray:
-        """One decode step from fixed buffers: the ids and lengths are copied into them, the
-        graph of this binding and KV set runs (captured on first use, then replayed), and the
-        logits are copied out. total_sequence_length is the KV capacity: a replay reads the
-        value it was captured with, and the attention reads each row's length on the device."""
-        import onnxruntime as ort
-
-        feeds |= length_feeds(self.length_inputs, self.lengths, 1, self.capacity)
-        for name, value in feeds.items():
-            held = self._step_inputs.get(name)
-            if held is None:  # the total stays on the host: GroupQueryAttention reads it there
-                device = ("cpu", 0) if name == TOTAL_LENGTH or self.on_host else self.device
-                kept = self._step_arrays[name] = value.copy()  # a host OrtValue aliases it
-                self._step_inputs[name] = ort.OrtValue.ortvalue_from_numpy(kept, *device)
-            else:
-                held.update_inplace(value)
-        if self.current not in self._step_bound:  # bound once per binding, until a prompt rebinds it
-            for name, held in self._step_inputs.items():
-                binding.bind_ortvalue_input(name, held)
-            binding.bind_ortvalue_output("logits", self._step_out)
-            self._step_bound.add(self.current)
-        self.session.run_with_iobinding(binding, run_options(self._graph_id()))
-        self.current = (self.current + 1) % self.sets
-        if self._step_out is self._step_value:
-            return self.step_logits[:, -1]
-        return self._step_out.numpy()[:, -1]
-
-    def _graph_id(self) -> int:
-        """The graph of the current binding with the current KV buffers (beam search swaps
-        between two sets): its id, new ones taken from the session's count (every stepper of
-        a session has its own buffers, so its own graphs); -1 (uncaptured) past device.MAX_GRAPHS."""
-        key = (self.current, id(self._kv_values[0]) if self._kv_values else 0)
-        found = self._graph_ids.get(key)
-        if found is None:
-            found = self._graph_ids[key] = new_graph_id(self.session)
-        return found
 
     def _mark(self) -> Any:
         return self.current

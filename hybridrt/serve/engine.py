@@ -4,14 +4,8 @@ Continuous batching over a fixed pool of state slots. A request holds a slot fro
 of its prefill to its last token. Each turn of the loop:
 
 1. admit waiting requests while slots are free;
-2. prefill one chunk (at most `chunk` tokens) of the oldest request still prefilling, so a
-   long prompt costs the others one chunk per turn, not its whole length. Its first turn looks
-   up the prefix state cache (hybridrt.runtime.prefix_cache; not for a request that scores its
-   prompt: it needs the logits of every position) and plans where its prefill stores states:
-   its chunks end there, so storing one is a copy, not a call. Requests are prefilled oldest
-   first and look up the cache only when their turn comes, so requests that share a prefix
-   wait for one prefill of it: the first stores a state where they part, the others resume
-   from it;
+2. prefill one chunk of the oldest request still prefilling, resumed from the prefix state
+   cache where it can be (hybridrt.serve.prefill);
 3. run one decode step for every row of the decode batch and sample each row's next token
    with its own config and random generator.
 
@@ -19,18 +13,8 @@ A request whose prefill ends samples its first token and joins the decode batch;
 cancelled and timed-out requests leave it, between steps. Greedy tokens equal
 `Model.generate` on the prompt alone: every row carries its own states, mask and positions.
 
-With an assistant (draft) model, a request that is alone in the engine (none waiting or
-prefilling) decodes speculatively (hybridrt.runtime.speculative): its draft proposes tokens,
-its row verifies them in one call: the round of `Model.generate` (runtime.speculative.Draft),
-run on the decode batch's one row. A recurrent row that rejects a draft returns to its states
-before the call and lags behind by the drafts it kept, which the next round runs again (an
-attention-only row keeps their keys and values). Greedy tokens are still those of
-Model.generate; seeded sampling, presence/frequency penalties, logprobs and grammar
-constraints (hybridrt.serve.grammar: a mask on the row's logits) stay on plain steps, so
-that a seed gives the same text whatever the load, each token's logprob comes from the
-logits it was sampled from, and every token is sampled under its mask. When another
-request is about to join the batch, the lag is fed first, so batched rows take one token
-each.
+With an assistant (draft) model, a request alone in the engine decodes in speculative rounds
+(hybridrt.serve.speculation).
 
 The decode batch and each prefilling request's states are runtime state batches
 (`Model.stepper`): bound on the model's device, so `--provider cuda` keeps every state on
@@ -52,17 +36,16 @@ from functools import partial
 import numpy as np
 
 from ..errors import HybridrtError
-from ..runtime.decode import feed
 from ..runtime.model import Model
-from ..runtime.prefix_cache import Hit, StateCache
-from ..runtime.prefix_plan import DENSITY, MIN_BRANCH, chunk_end
-from ..runtime.radix import common_prefix
-from ..runtime.speculative import Chooser, Draft, check_draft, draft_length
+from ..runtime.prefix_cache import StateCache
+from ..runtime.speculative import check_draft
 from ..runtime.state import Stepper
-from .logprobs import TokenLogprob, prompt_scores
+from .logprobs import TokenLogprob
 from .metrics import Metrics
+from .prefill import Prompts, warm_up
 from .request import Request, Update
 from .settings import EngineConfig
+from .speculation import Speculation, feed_lag
 
 __all__ = ["Engine", "EngineBusy", "EngineClosed", "EngineConfig", "Request", "Update"]
 
@@ -88,11 +71,13 @@ class Engine:
         self.config = config or EngineConfig()
         self.metrics = metrics or Metrics()
         self.metrics.slots.set(self.config.slots)
-        self.cache: StateCache | None = None  # made once the model is loaded (its identity, its state sizes)
+        self.prompts: Prompts | None = None  # the prompt side, made once the model is loaded
+        self.cache: StateCache | None = None  # the prompts' prefix state cache (its identity, its state sizes)
         self._load = model if callable(model) else (lambda: model)
         self._load_assistant = assistant if callable(assistant) or assistant is None else (lambda: assistant)
         self.model: Model | None = None
         self.assistant: Model | None = None
+        self.speculation: Speculation | None = None  # with an assistant
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.cond = threading.Condition()
@@ -139,10 +124,10 @@ class Engine:
     def _run(self) -> None:
         try:
             model = self._load()
-            self._loaded(model)
             if self._load_assistant is not None:
                 self.assistant = check_draft(model, self._load_assistant())
-            self.warmup_s = self._warm(model, self.assistant)
+            self._loaded(model)
+            self.warmup_s = warm_up(model, self.assistant)
         except BaseException as e:  # reported by /health and the CLI
             self.error = e
             log.error("loading the model failed: %s", e)
@@ -178,58 +163,25 @@ class Engine:
             self._guard(self.prefilling[:1], lambda: self._prefill(self.prefilling[0]))
         if self.running:
             alone = len(self.running) == 1 and not self.prefilling and not self.waiting
-            if alone and self._speculates(self.running[0]):
+            if alone and self.speculation is not None and self.speculation.applies(self.running[0]):
                 self._guard(self.running, self._speculate)
             else:
                 self._guard(self.running, self._decode)
         self.metrics.busy_slots.set(len(self.prefilling) + len(self.running))
         return True
 
-    @staticmethod
-    def _warm(model: Model, assistant: Model | None) -> float:
-        """One prefill and decode step on each model before the engine says it is ready, so
-        that no client's request pays for a session's first run (its allocations, its kernels'
-        first calls). Returns the seconds it took."""
-        t0 = time.perf_counter()
-        token = model.manifest.special_tokens.get("bos_token_id") or 0
-        for m in (model, assistant):
-            if m is not None:
-                m.generate([int(token)] * 4, max_new_tokens=2, eos_token_id=[], repetition_penalty=1.0)
-        seconds = time.perf_counter() - t0
-        log.info("warmed up in %.0f ms", seconds * 1000)
-        return seconds
-
     def _loaded(self, model: Model) -> None:
-        """Take the loaded model: its vocabulary and its prefix state cache."""
+        """Take the loaded model (and the assistant, loaded first): its vocabulary, its prompt
+        side and prefix state cache. A speculative round takes back its verifying call: with a
+        draft, a request's states keep two sets; without one they are read and written in
+        place (runtime.bound)."""
         self.model = model
         self.vocab = int(model.manifest.vocab_size)
-        self.cache = self._make_cache(model)
-
-    def _make_cache(self, model: Model) -> StateCache:
-        c = self.config
-        cache = StateCache.for_model(
-            model,
-            memory_bytes=c.cache_bytes,
-            directory=c.cache_dir,
-            disk_bytes=c.cache_disk_bytes,
-            spacing=c.cache_spacing,
-            stored=c.cache_stored,
-        )
-        files = cache.files
-        disk = "" if files is None else f", disk tier {files.where} up to {files.cap / 2**20:.0f} MiB"
-        log.info(
-            "prefix state cache: %.0f MiB of memory%s%s; %s",
-            cache.memory_bytes / 2**20,
-            disk,
-            "" if cache.stored == "float32" else f", states kept as {cache.stored}",
-            "no checkpoints inside prompts (no recurrent state)"
-            if not cache.recurrent
-            else f"a checkpoint every {cache.spacing} prompt tokens"
-            if cache.spacing is not None
-            else f"about {DENSITY} checkpoints a long prompt, {cache.state_bytes / 2**20:.1f} MiB of states each",
-        )
-        self.metrics.cache = cache
-        return cache
+        ring = 2 if self.assistant is not None else 1
+        self.prompts = Prompts(model, self.config, self.metrics, self.prefilling, ring)
+        self.cache = self.prompts.cache
+        if self.assistant is not None:
+            self.speculation = Speculation(model, self.assistant, self.metrics)
 
     def _admit(self) -> list[Request]:
         admitted = []
@@ -255,93 +207,23 @@ class Engine:
                 self._send(req, Update([], "error", req.cached_tokens, error=f"{type(e).__name__}: {e}"))
 
     def _start(self, req: Request) -> None:
-        assert self.model is not None and self.cache is not None
+        """An admitted request: a prompt stored whole (with its last logits) joins the decode
+        batch at once; any other waits for its prefill turn."""
+        assert self.model is not None and self.prompts is not None
         req.start(self.model.eos_token_ids, self.model.tokenizer, self.vocab)
-        if self.cache.enabled and req.prompt_logprobs is None:
-            # A prompt stored whole (with its last logits) joins the decode batch at once; any
-            # other looks the cache up when its prefill turn comes (the state it resumes from
-            # may be stored by then).
-            hit = self.cache.lookup(req.prompt, whole=True)
-            if hit is not None and hit.logits is not None:
-                self._resumed(req, hit)
-                req.marks = []
-                self._prefilled(req, hit.logits, join=False)  # joins after the others' first tokens
-                return
-        # Prompts already prefilling store a state where this one parts from them.
-        for other in self.prefilling:
-            if other.marks is not None and other is not req:
-                at = common_prefix(req.prompt, other.prompt)
-                # Not passed yet, and worth a state (see prefix_cache.MIN_BRANCH).
-                if (
-                    other.fed < at < len(other.prompt)
-                    and at >= other.cached_tokens + MIN_BRANCH
-                    and at not in other.marks
-                ):
-                    other.marks = sorted([*other.marks, at])
-
-    def _resume(self, req: Request) -> bool:
-        """req's first prefill turn: resume from the cache and plan its checkpoints; True when
-        the cache held its whole prompt (nothing to prefill)."""
-        assert self.cache is not None
-        cache = self.cache if self.cache.enabled else None
-        # A scored prompt needs the logits of every position, which the cache does not keep.
-        hit = None if cache is None or req.prompt_logprobs is not None else cache.lookup(req.prompt)
-        if hit is None:
-            self.metrics.cache_misses.inc()
-        else:
-            self._resumed(req, hit)
-            if hit.logits is not None:
-                req.marks = []
-                self._prefilled(req, hit.logits)
-                return True
-        others = [r.prompt for r in [*self.waiting, *self.prefilling] if r is not req]
-        req.marks = [] if cache is None else cache.plan(req.prompt, req.fed, others)
-        return False
-
-    def _states(self, req: Request) -> Stepper:
-        """req's own states, made when its prefill starts: the requests admitted behind it hold
-        none (64 admitted at once would otherwise hold 64 models' worth of states)."""
-        assert self.model is not None
-        if req.rows is None:
-            # A speculative round takes back its verifying call: with a draft the states keep
-            # two sets; without one they are read and written in place (runtime.bound).
-            ring = 2 if self.assistant is not None else 1
-            req.rows = self.model.stepper(1, len(req.prompt) + req.cfg.max_new_tokens, ring=ring)
-            if req.resume is not None:
-                req.rows.set_row(0, req.resume.states, req.resume.length)
-                req.resume = None
-        return req.rows
-
-    def _resumed(self, req: Request, hit: Hit) -> None:
-        req.resume, req.fed, req.cached_tokens = hit.snapshot, hit.snapshot.length, hit.snapshot.length
-        self.metrics.cache_hits.inc()
-        self.metrics.cache_hit_tokens.inc(req.fed)
+        logits = self.prompts.cached_whole(req)
+        if logits is not None:
+            self._prefilled(req, logits, join=False)  # joins after the others' first tokens
 
     def _prefill(self, req: Request) -> None:
-        if req.marks is None and self._resume(req):
-            return
-        assert req.marks is not None and self.cache is not None
-        rows = self._states(req)
-        end = chunk_end(req.fed, self.config.chunk, len(req.prompt), req.marks)
-        ids = np.asarray([req.prompt[req.fed : end]], dtype=np.int64)
-        t0 = time.perf_counter()
-        if req.prompt_logprobs is None:
-            logits = rows.forward(ids)
-        else:
-            every = rows.forward(ids, all_logits=True)[0]  # [s, V]
-            req.scored += prompt_scores(every, req.prompt, req.fed, req.prompt_logprobs)
-            logits = every[-1:]
-        self.cache.observe(end - req.fed, time.perf_counter() - t0)
-        req.fed = end
-        if end < len(req.prompt):
-            if end in req.marks:
-                self.cache.put(req.prompt[:end], rows.row(0))
-            return
-        # The first token goes out before the prompt's states are copied into the cache: `rows`
-        # (now the decode batch, or copied into it) holds them until the next decode step.
-        self._prefilled(req, logits)
-        if end in req.marks:
-            self.cache.put(req.prompt, rows.row(0), logits)
+        assert self.prompts is not None
+        done = self.prompts.prefill(req, lambda: [r.prompt for r in [*self.waiting, *self.prefilling] if r is not req])
+        if done is not None:
+            # The first token goes out before the prompt's states are copied into the cache: its
+            # rows (now the decode batch, or copied into it) hold them until the next decode step.
+            logits, store = done
+            self._prefilled(req, logits)
+            store()
 
     def _prefilled(self, req: Request, logits: np.ndarray, join: bool = True) -> None:
         """The prompt is in the states: sample the first token, then join the decode batch
@@ -362,21 +244,22 @@ class Engine:
         """req (running, its first token sent) brings its states into the decode batch."""
         if self.batch is not None and req.rows is None and req.resume is not None:
             # Cached states go straight into the batch (no states of its own to make).
-            self._feed_lag()
+            feed_lag(self.batch, self.running)
             self.batch.append_row(req.resume, len(req.prompt) + req.cfg.max_new_tokens)
         else:
-            rows = self._states(req)
+            assert self.prompts is not None
+            rows = self.prompts.states(req)
             if self.batch is None:
                 self.batch = rows
                 rows.reserve(self.config.slots)
             else:
-                self._feed_lag()
+                feed_lag(self.batch, self.running)
                 self.batch.extend(rows)
         req.rows = req.resume = None
 
     def _decode(self) -> None:
         assert self.batch is not None
-        self._feed_lag()  # after speculative rounds, when others now wait
+        feed_lag(self.batch, self.running)  # after speculative rounds, when others now wait
         ids = np.asarray([[r.tokens[-1]] for r in self.running], dtype=np.int64)
         logits = self.batch.forward(ids)
         keep = []
@@ -388,50 +271,16 @@ class Engine:
                 self.cache.put(req.prompt + req.tokens[:-1], self.batch.row(i), None)
         self._keep(keep)
 
-    def _speculates(self, req: Request) -> bool:
-        """Whether req's next tokens come from a speculative round (it must be alone)."""
-        seeded = req.cfg.sampling and req.cfg.seed is not None
-        constrained = req.grammar is not None  # its masks apply to plain steps only
-        return self.assistant is not None and not (seeded or constrained or req.logprobs is not None)
-
     def _speculate(self) -> None:
-        """One speculative round of the lone running request (see the module docstring)."""
-        assert self.batch is not None and self.assistant is not None and self.model is not None
+        """One speculative round of the lone running request (hybridrt.serve.speculation)."""
+        assert self.batch is not None and self.speculation is not None
         req = self.running[0]
-        if req.draft is None or req.chooser is None:
-            assert req.rng is not None
-            req.draft = Draft.start(self.model, self.assistant, req.cfg, len(req.prompt) + req.cfg.max_new_tokens)
-            req.chooser = Chooser(req.cfg, req.eos, req.rng, req.tally)
-        pending = req.tokens_from(int(self.batch.lengths[0]))
-        remaining = req.cfg.max_new_tokens - len(req.tokens)
-        k = draft_length(req.draft.schedule, remaining, self.batch, req.draft.stepper, len(pending))
-        if k < 1:
-            t_step = time.perf_counter()
-            self._decode()
-            if len(pending) == 1:
-                req.draft.schedule.observe_step(time.perf_counter() - t_step)
-            return
-        # Counted before the round: a request that finishes inside it is answered from there, and
-        # what a reader sees once it is answered must include its drafts.
-        self.metrics.drafted_tokens.inc(k)
-        accepted, live = req.draft.round(
-            self.batch, req.tokens_from, k, req.chooser, len(req.tokens), partial(self._emit, req)
-        )
-        self.metrics.accepted_tokens.inc(accepted)
-        if not live:
+        if not self.speculation.round(self.batch, req, self._decode, partial(self._emit, req)):
             # Finished inside the round: the row is back to before the round's call.
             if self.cache is not None and self.cache.enabled:
                 seen = (req.prompt + req.tokens)[: int(self.batch.lengths[0])]
                 self.cache.put(seen, self.batch.row(0), None)
             self._keep([])
-
-    def _feed_lag(self) -> None:
-        """Feed the lone running request's lag (drafts it kept that its recurrent row took back),
-        so that its row has seen all but its last token."""
-        if self.batch is not None and self.batch.batch == 1:  # running[0] is its row
-            pending = self.running[0].tokens_from(int(self.batch.lengths[0]))
-            if len(pending) > 1:
-                feed(self.batch, np.asarray([pending[:-1]], dtype=np.int64))
 
     def _advance(self, req: Request, logits: np.ndarray) -> bool:
         """Sample req's next token from logits [1, V] and send it; False once req is finished."""

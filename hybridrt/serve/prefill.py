@@ -1,0 +1,176 @@
+"""The engine's prompt side: requests admitted and not yet decoding, prefilled a chunk a turn.
+
+Each turn of the engine prefills one chunk (at most `chunk` tokens) of the oldest request still
+prefilling, so a long prompt costs the others one chunk per turn, not its whole length. A
+request's first turn looks up the prefix state cache (hybridrt.runtime.prefix_cache; not for a
+request that scores its prompt: it needs the logits of every position) and plans where its
+prefill stores states: its chunks end there, so storing one is a copy, not a call. Requests are
+prefilled oldest first and look up the cache only when their turn comes, so requests that share
+a prefix wait for one prefill of it: the first stores a state where they part, the others
+resume from it. A prompt stored whole, with its last logits, is not prefilled at all.
+
+A request's states are a state batch of its own (`Model.stepper`), made when its prefill
+starts, not when it is admitted (64 requests admitted at once would otherwise hold 64 models'
+worth of states); the engine joins them to its decode batch once the prompt is in. Before any
+request, `warm_up` runs the sessions' first prefill and step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..runtime.model import Model
+from ..runtime.prefix_cache import Hit, StateCache
+from ..runtime.prefix_plan import DENSITY, MIN_BRANCH, chunk_end
+from ..runtime.radix import common_prefix
+from ..runtime.state import Stepper
+from .logprobs import prompt_scores
+from .metrics import Metrics
+from .request import Request
+from .settings import EngineConfig
+
+log = logging.getLogger("hybridrt.serve")
+
+
+def warm_up(model: Model, assistant: Model | None) -> float:
+    """One prefill and decode step on each model before the engine says it is ready, so that
+    no client's request pays for a session's first run (its allocations, its kernels' first
+    calls). Returns the seconds it took."""
+    t0 = time.perf_counter()
+    token = model.manifest.special_tokens.get("bos_token_id") or 0
+    for m in (model, assistant):
+        if m is not None:
+            m.generate([int(token)] * 4, max_new_tokens=2, eos_token_id=[], repetition_penalty=1.0)
+    seconds = time.perf_counter() - t0
+    log.info("warmed up in %.0f ms", seconds * 1000)
+    return seconds
+
+
+def open_cache(model: Model, config: EngineConfig, metrics: Metrics) -> StateCache:
+    """The prefix state cache of `model` as `config` sizes it, said in the log and in /metrics."""
+    c = config
+    cache = StateCache.for_model(
+        model,
+        memory_bytes=c.cache_bytes,
+        directory=c.cache_dir,
+        disk_bytes=c.cache_disk_bytes,
+        spacing=c.cache_spacing,
+        stored=c.cache_stored,
+    )
+    files = cache.files
+    disk = "" if files is None else f", disk tier {files.where} up to {files.cap / 2**20:.0f} MiB"
+    log.info(
+        "prefix state cache: %.0f MiB of memory%s%s; %s",
+        cache.memory_bytes / 2**20,
+        disk,
+        "" if cache.stored == "float32" else f", states kept as {cache.stored}",
+        "no checkpoints inside prompts (no recurrent state)"
+        if not cache.recurrent
+        else f"a checkpoint every {cache.spacing} prompt tokens"
+        if cache.spacing is not None
+        else f"about {DENSITY} checkpoints a long prompt, {cache.state_bytes / 2**20:.1f} MiB of states each",
+    )
+    metrics.cache = cache
+    return cache
+
+
+class Prompts:
+    """The requests still prefilling (`requests`, oldest first) and what their prefill reads and
+    writes: the model, the prefix state cache, the chunk size. `ring`: the state sets each
+    request's states keep (2 with a draft model, whose rounds take back their verifying call)."""
+
+    def __init__(
+        self, model: Model, config: EngineConfig, metrics: Metrics, requests: list[Request], ring: int = 1
+    ) -> None:
+        self.model, self.chunk, self.metrics, self.ring = model, config.chunk, metrics, ring
+        self.cache = open_cache(model, config, metrics)
+        self.requests = requests
+
+    def cached_whole(self, req: Request) -> np.ndarray | None:
+        """A newly admitted request: the last logits of its prompt where the cache holds it whole
+        (req then resumes from those states), else None; in that case the prompts already
+        prefilling store a state where req parts from them (req looks the cache up when its
+        turn comes: the state it resumes from may be stored by then)."""
+        if self.cache.enabled and req.prompt_logprobs is None:
+            hit = self.cache.lookup(req.prompt, whole=True)
+            if hit is not None and hit.logits is not None:
+                self._resumed(req, hit)
+                req.marks = []
+                return hit.logits
+        for other in self.requests:
+            if other.marks is not None and other is not req:
+                at = common_prefix(req.prompt, other.prompt)
+                # Not passed yet, and worth a state (see prefix_cache.MIN_BRANCH).
+                if (
+                    other.fed < at < len(other.prompt)
+                    and at >= other.cached_tokens + MIN_BRANCH
+                    and at not in other.marks
+                ):
+                    other.marks = sorted([*other.marks, at])
+        return None
+
+    def prefill(
+        self, req: Request, others: Callable[[], Sequence[Sequence[int]]]
+    ) -> tuple[np.ndarray, Callable[[], None]] | None:
+        """One turn of req's prefill (`others`: the prompts waiting or prefilling beside it, which
+        its first turn's plan of checkpoints considers). None while the prompt is not all in; then its last
+        logits [1, V] and a call that stores the prompt's states in the cache where planned, made
+        after the first token is sent (the states stay in req's rows until the next step)."""
+        if req.marks is None:
+            logits = self._resume(req, others)
+            if logits is not None:
+                return logits, lambda: None
+        assert req.marks is not None
+        rows = self.states(req)
+        end = chunk_end(req.fed, self.chunk, len(req.prompt), req.marks)
+        ids = np.asarray([req.prompt[req.fed : end]], dtype=np.int64)
+        t0 = time.perf_counter()
+        if req.prompt_logprobs is None:
+            logits = rows.forward(ids)
+        else:
+            every = rows.forward(ids, all_logits=True)[0]  # [s, V]
+            req.scored += prompt_scores(every, req.prompt, req.fed, req.prompt_logprobs)
+            logits = every[-1:]
+        self.cache.observe(end - req.fed, time.perf_counter() - t0)
+        req.fed = end
+        if end < len(req.prompt):
+            if end in req.marks:
+                self.cache.put(req.prompt[:end], rows.row(0))
+            return None
+        if end not in req.marks:
+            return logits, lambda: None
+        return logits, lambda: self.cache.put(req.prompt, rows.row(0), logits)
+
+    def states(self, req: Request) -> Stepper:
+        """req's own states, made on first use (from the cached state it resumes from, if any)."""
+        if req.rows is None:
+            req.rows = self.model.stepper(1, len(req.prompt) + req.cfg.max_new_tokens, ring=self.ring)
+            if req.resume is not None:
+                req.rows.set_row(0, req.resume.states, req.resume.length)
+                req.resume = None
+        return req.rows
+
+    def _resume(self, req: Request, others: Callable[[], Sequence[Sequence[int]]]) -> np.ndarray | None:
+        """req's first prefill turn: resume from the cache and plan its checkpoints; the last
+        logits of the prompt where the cache held it whole (nothing to prefill)."""
+        cache = self.cache if self.cache.enabled else None
+        # A scored prompt needs the logits of every position, which the cache does not keep.
+        hit = None if cache is None or req.prompt_logprobs is not None else cache.lookup(req.prompt)
+        if hit is None:
+            self.metrics.cache_misses.inc()
+        else:
+            self._resumed(req, hit)
+            if hit.logits is not None:
+                req.marks = []
+                return hit.logits
+        req.marks = [] if cache is None else cache.plan(req.prompt, req.fed, others())
+        return None
+
+    def _resumed(self, req: Request, hit: Hit) -> None:
+        req.resume, req.fed, req.cached_tokens = hit.snapshot, hit.snapshot.length, hit.snapshot.length
+        self.metrics.cache_hits.inc()
+        self.metrics.cache_hit_tokens.inc(req.fed)
