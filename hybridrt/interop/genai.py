@@ -207,7 +207,6 @@ def genai_config(manifest: Manifest) -> dict[str, Any]:
         decoder["conv_cache_size"] = conv.dims[-1]
     special = manifest.special_tokens
     eos = list(special["eos_token_id"])
-    generation = {k: v for k, v in (manifest.generation or {}).items() if v is not None}
     return {
         "model": {
             "bos_token_id": special["bos_token_id"],
@@ -218,24 +217,30 @@ def genai_config(manifest: Manifest) -> dict[str, Any]:
             "type": model_type,
             "vocab_size": manifest.vocab_size,
         },
-        "search": {
-            "diversity_penalty": 0.0,
-            "do_sample": bool(generation.get("do_sample", False)),
-            "early_stopping": True,
-            "length_penalty": 1.0,
-            "max_length": manifest.max_length,
-            "min_length": 0,
-            "no_repeat_ngram_size": 0,
-            "num_beams": 1,
-            "num_return_sequences": 1,
-            # hybridrt's graph writes the new keys into its fixed-size buffer in place: genai must
-            # bind one buffer as past and present (False would hand it a growing past)
-            "past_present_share_buffer": True,
-            "repetition_penalty": float(generation.get("repetition_penalty", 1.0)),
-            "temperature": float(generation.get("temperature", 1.0)),
-            "top_k": int(generation.get("top_k", 50)),
-            "top_p": float(generation.get("top_p", 1.0)),
-        },
+        "search": _search(manifest),
+    }
+
+
+def _search(manifest: Manifest) -> dict[str, Any]:
+    """genai_config.json's search settings: the checkpoint's generation settings, one sequence."""
+    generation = {k: v for k, v in (manifest.generation or {}).items() if v is not None}
+    return {
+        "diversity_penalty": 0.0,
+        "do_sample": bool(generation.get("do_sample", False)),
+        "early_stopping": True,
+        "length_penalty": 1.0,
+        "max_length": manifest.max_length,
+        "min_length": 0,
+        "no_repeat_ngram_size": 0,
+        "num_beams": 1,
+        "num_return_sequences": 1,
+        # hybridrt's graph writes the new keys into its fixed-size buffer in place: genai must
+        # bind one buffer as past and present (False would hand it a growing past)
+        "past_present_share_buffer": True,
+        "repetition_penalty": float(generation.get("repetition_penalty", 1.0)),
+        "temperature": float(generation.get("temperature", 1.0)),
+        "top_k": int(generation.get("top_k", 50)),
+        "top_p": float(generation.get("top_p", 1.0)),
     }
 
 

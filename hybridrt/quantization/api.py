@@ -60,10 +60,7 @@ def quantize(
     calibration = as_paths(calibration, "calibration", QuantizationError)
     eval_text = None if eval_text is None else as_path(eval_text, "eval_text", QuantizationError)
     parent_manifest = _check_paths(src, out, force)
-    has_tokenizer = (src / TOKENIZER).is_file()
-    if not has_tokenizer:
-        _check_without_tokenizer(src, cfg, calibration, eval_text)
-    texts, eval_texts = read_inputs(cfg, calibration, eval_text) if has_tokenizer else ([], [])
+    has_tokenizer, texts, eval_texts = _texts(src, cfg, calibration, eval_text)
     if cfg.kv_dtype == "int8":  # before any work: the graph's attention can hold an int8 cache
         kv_cache.check_attention(_bare_graph(src / parent_manifest.graph_file), parent_manifest)
     t0 = time.perf_counter()
@@ -74,11 +71,7 @@ def quantize(
     if cfg.kv_dtype == "int8":
         say(f"KV cache: calibrating int8 scales over {len(windows)} windows")
         kv_peak = kv_cache.calibrate(parent, windows)
-    selection = (
-        select_nodes(model.graph, cfg, parent_manifest.layer_types)
-        if cfg.quantizes_weights and cfg.mode != "float16"
-        else NodeSelection([], {}, [])
-    )
+    selection = _selection(model, cfg, parent_manifest)
     rewrites.give_private_weights(model.graph, selection.quantize)
     with atomic_directory(out, QuantizationError) as tmp:
         quantized, selection, vocab = _weights(model, cfg, selection, reader, tmp, external, parent_manifest, say)
@@ -99,6 +92,25 @@ def quantize(
         manifest.write(tmp)
     say(f"wrote {out}")
     return manifest
+
+
+def _texts(
+    src: Path, cfg: QuantConfig, calibration: list[Path], eval_text: Path | None
+) -> tuple[bool, list[str], list[str]]:
+    """Whether the model has its tokenizer, then the calibration and evaluation texts (none
+    without a tokenizer, where a mode that needs text is refused)."""
+    if not (src / TOKENIZER).is_file():
+        _check_without_tokenizer(src, cfg, calibration, eval_text)
+        return False, [], []
+    texts, eval_texts = read_inputs(cfg, calibration, eval_text)
+    return True, texts, eval_texts
+
+
+def _selection(model: Any, cfg: QuantConfig, manifest: Manifest) -> NodeSelection:
+    """The nodes whose weights this mode quantizes (none for float16 and KV-only modes)."""
+    if cfg.quantizes_weights and cfg.mode != "float16":
+        return select_nodes(model.graph, cfg, manifest.layer_types)
+    return NodeSelection([], {}, [])
 
 
 def _weights(

@@ -172,12 +172,7 @@ def choose(
 
     say = progress or (lambda msg: None)
     src, out, gates = Path(src), Path(out), gates or Gates()
-    if objective not in OBJECTIVES:
-        raise QuantizationError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
-    if eval_text is None:
-        raise QuantizationError("--auto measures each candidate's quality: give --eval-text FILE (held-out text)")
-    if out.exists() and not force:
-        raise QuantizationError(f"{out} exists; pass --force to replace it")
+    eval_text = _checked(objective, eval_text, out, force)
     manifest = read_manifest(src)
     t0 = time.perf_counter()
     pool = candidates(manifest, only)
@@ -201,11 +196,7 @@ def choose(
             speeds = measure_speed([c.directory for c in passed if c.directory], rounds, prompt_tokens, new_tokens)
             for c, speed in zip(passed, speeds):
                 c.speed = speed
-        winner = min(passed, key=lambda c: _cost(c, objective))
-        winner.status, winner.why = "chosen", _why(winner, passed, objective)
-        for c in passed:
-            if c is not winner:
-                c.why = f"passed; {_cost_text(c, objective)} against the chosen {_cost_text(winner, objective)}"
+        winner = _pick(passed, objective)
         settings = {"budget_bytes": budget_bytes, "context": context, "batch": batch, "objective": objective}
         plan = _plan(src, manifest, settings, gates, eval_text, calibration, options, winner, pool, t0)
         assert winner.directory is not None
@@ -214,6 +205,28 @@ def choose(
         return written
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _checked(objective: str, eval_text: str | Path | None, out: Path, force: bool) -> str | Path:
+    """choose's arguments checked before anything is built; the evaluation text."""
+    if objective not in OBJECTIVES:
+        raise QuantizationError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
+    if eval_text is None:
+        raise QuantizationError("--auto measures each candidate's quality: give --eval-text FILE (held-out text)")
+    if out.exists() and not force:
+        raise QuantizationError(f"{out} exists; pass --force to replace it")
+    return eval_text
+
+
+def _pick(passed: list[Candidate], objective: str) -> Candidate:
+    """The candidate that passed with the least cost for `objective`, marked chosen; each other
+    one says how far it was."""
+    winner = min(passed, key=lambda c: _cost(c, objective))
+    winner.status, winner.why = "chosen", _why(winner, passed, objective)
+    for c in passed:
+        if c is not winner:
+            c.why = f"passed; {_cost_text(c, objective)} against the chosen {_cost_text(winner, objective)}"
+    return winner
 
 
 def _worth_building(c: Candidate, budget_bytes: int | None, have_calibration: bool) -> bool:
