@@ -8,7 +8,6 @@ grows with the bytes written, not with tracing each layer.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,18 +20,9 @@ import onnx
 from ..graphs.contract import GraphContract
 from ..graphs.files import IR_VERSION
 from ..models.loading.weights import Weights
-from .compose import DataFile, Fragment, Prepared, assemble, instantiate, prepare
-from .first_block import first_from, first_layer
-from .fragments import (
-    CTX_FIELDS,
-    Template,
-    layer_blocks,
-    outer_model,
-    signature,
-    trace_layer,
-    trace_outer,
-)
-from .trace_cache import TraceCache, template_key
+from .compose import DataFile, Fragment, Prepared, assemble, instantiate
+from .fragments import CTX_FIELDS, Template
+from .templates import templates, weight_pattern
 
 # A rewrite of one fragment once its weights are bound (direct quantization):
 # (fragment model, layer index or -1 for the outer graph) -> the rewritten model.
@@ -71,37 +61,7 @@ def write_graph(
     cfg = weights.cfg
     contract = contract or GraphContract.of(cfg)
     t0 = time.perf_counter()
-    outer = outer_model(cfg)
-    layers = list(range(cfg.num_layers))
-    blocks, shared = layer_blocks(cfg, layers)
-    groups: dict[tuple[object, ...], list[int]] = {}
-    for i in layers:
-        groups.setdefault(signature(cfg, outer, i, blocks[i], shared, contract), []).append(i)
-    source = first_from(groups)  # layer 0's template is made from this layer's (fragments.first_layer)
-    traced = len(groups) - (source is not None)
-    say(f"tracing {traced} distinct layers of {cfg.num_layers} and the outer graph")
-    cache = TraceCache.from_env()
-    templates: dict[int, Template] = {}
-    for members in groups.values():
-        j = members[0]
-        if j != 0 or source is None:
-            trace = functools.partial(trace_layer, cfg, outer, j, blocks[j], shared, fused, contract)
-            templates[j] = cache.get(template_key(cfg, j, fused, contract), trace)
-    if source is not None:
-        first = first_layer(templates[source])
-        if first is None:
-            trace = functools.partial(trace_layer, cfg, outer, 0, blocks[0], shared, fused, contract)
-            first = cache.get(template_key(cfg, 0, fused, contract), trace)
-        templates[0] = first
-    trace = functools.partial(trace_outer, cfg, outer, fused, contract)
-    outer_t = cache.get(template_key(cfg, -1, fused, contract), trace)
-    del blocks
-    fusion = _fuse({-1: outer_t, **templates}, groups) if fused and fuse_norms else None
-    for t in [outer_t, *templates.values()]:
-        _annotate(t.model)
-    preps = {j: prepare(t, _weight_pattern(t.index), fused) for j, t in templates.items()}
-    outer_p = prepare(outer_t, _weight_pattern(-1), fused)
-    owner = {i: members[0] for members in groups.values() for i in members}
+    t = templates(cfg, contract, fused, fuse_norms, say)
     trace_s = time.perf_counter() - t0
 
     from . import onnx_export
@@ -112,22 +72,19 @@ def write_graph(
     node_names: set[str] = set()
     passes: dict[str, int] = {}
     fragments: list[Fragment] = []
-    last = cfg.num_layers - 1
     try:
         say("writing the outer graph")
-        graph = outer_t.model.graph
-        outer_io = {v.name: v.name for v in [*graph.input, *graph.output] if not v.name.startswith("w:")}
-        outer_io |= {"x.last": f"/model/layers.{last}/x.out", "r.last": f"/model/layers.{last}/r.out"}
-        frag = instantiate(outer_p, _read(weights, outer_p, -1), outer_io, "/model/outer", -1, node_names)
+        outer_io = _outer_io(t.outer, cfg.num_layers)
+        frag = instantiate(t.outer_prep, _read(weights, t.outer_prep, -1), outer_io, "/model/outer", -1, node_names)
         if layer_pass is not None:
             if copy is not None:
                 copy.add(frag)
-            frag = _apply(layer_pass, frag, outer_io, outer_p, -1, data)
+            frag = _apply(layer_pass, frag, outer_io, t.outer_prep, -1, data)
         fragments.append(_stream(frag, data))
-        for i in layers:
+        for i in range(cfg.num_layers):
             written = f", {data.offset / 1e9:.2f} GB written" if data is not None else ""
             say(f"layer {i + 1}/{cfg.num_layers}{written}")
-            prep = preps[owner[i]]
+            prep = t.preps[t.owner[i]]
             io = _layer_io(contract, prep, i)
             frag = instantiate(prep, _read(weights, prep, i), io, f"/model/layers.{i}", i, node_names)
             frag = _layer_passes(frag, io, prep, i, layer_pass, passes, copy, data, fused and fuse_norms)
@@ -140,33 +97,31 @@ def write_graph(
             data.close()
         if copy is not None and copy.data is not None:
             copy.data.close()
+    _save(model, contract, path)
+    written_s = time.perf_counter() - t0 - trace_s
+    offset = data.offset if data is not None else 0
+    return Written(list(t.groups.values()), trace_s, written_s, t.fusion, passes, offset, t.cache.record())
+
+
+def _outer_io(outer: Template, num_layers: int) -> dict[str, str]:
+    """The outer graph's inputs and outputs, named as in the model; it reads the last layer's."""
+    graph = outer.model.graph
+    io = {v.name: v.name for v in [*graph.input, *graph.output] if not v.name.startswith("w:")}
+    last = num_layers - 1
+    return io | {"x.last": f"/model/layers.{last}/x.out", "r.last": f"/model/layers.{last}/r.out"}
+
+
+def _save(model: onnx.ModelProto, contract: GraphContract, path: Path) -> None:
+    """The assembled graph saved at `path`, with its producer and the contract's state metadata."""
     model.ir_version = IR_VERSION
     model.producer_name = "hybridrt"
     for key, value in contract.state_metadata().items():
         model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
     onnx.save_model(model, str(path))
-    return Written(
-        [members for members in groups.values()],
-        trace_s,
-        time.perf_counter() - t0 - trace_s,
-        fusion,
-        passes,
-        data.offset if data is not None else 0,
-        cache.record(),
-    )
-
-
-def _weight_pattern(j: int) -> Callable[[str], str]:
-    prefix = f"model.layers.{j}."
-
-    def pattern(name: str) -> str:
-        return "model.layers.{i}." + name[len(prefix) :] if j >= 0 and name.startswith(prefix) else name
-
-    return pattern
 
 
 def _read(weights: Weights, prep: Prepared, i: int) -> dict[str, np.ndarray]:
-    pattern = _weight_pattern(prep.template.index)
+    pattern = weight_pattern(prep.template.index)
     out = {}
     for name in prep.template.weights:
         actual = pattern(name).format(i=i)
@@ -300,41 +255,3 @@ def _stream(frag: Fragment, data: DataFile | None) -> Fragment:
     if data is None:
         return frag
     return Fragment(frag.nodes, [data.add(t) for t in frag.initializers], frag.opsets, frag.value_info)
-
-
-def _annotate(model: onnx.ModelProto) -> None:
-    """The type of every value, from onnxruntime's symbolic shape inference (with
-    export.fuse's rules for the com.microsoft operators it does not know), as the value_info
-    quantizers read (int8-static inserts its QDQ pairs only where it knows a tensor's type)."""
-    from .fuse import _shape_helper
-
-    helper = _shape_helper(model)
-    if helper is None:
-        return
-    produced = {o for n in model.graph.node for o in n.output if o} - {v.name for v in model.graph.output}
-    del model.graph.value_info[:]
-    for name, v in sorted(helper.known_vi_.items()):
-        elem = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else 0
-        if name in produced and elem:
-            # Types only: onnxruntime plans buffers by value_info shapes, and symbolic inference
-            # may fix a size (a chunk count) that is symbolic at run time.
-            model.graph.value_info.append(onnx.helper.make_tensor_value_info(name, elem, None))
-
-
-def _fuse(templates: dict[int, Template], groups: dict[tuple[object, ...], list[int]]) -> dict[str, Any]:
-    """RMSNorm fusion on each template (export.fuse.fuse_norms): the norms' weights need not
-    be constants for it, so it runs once per distinct layer. Counts are per model. templates:
-    first member of a group (-1 the outer graph) -> its template."""
-    from .fuse import FUSED_NORM_OPS, fuse_norms
-
-    size = {members[0]: len(members) for members in groups.values()}
-    total: dict[str, Any] = {}
-    for j, t in templates.items():
-        report = fuse_norms(t.model)
-        n = size.get(j, 1)
-        for op in FUSED_NORM_OPS:
-            total[op] = total.get(op, 0) + n * report[op]
-        total["passes"] = report["passes"]
-        total["skip_fusion"] = total.get("skip_fusion", True) and report["skip_fusion"]
-        total.setdefault("unfused", []).extend(report["unfused"])
-    return total

@@ -29,14 +29,12 @@ from starlette.routing import Route
 
 from ..errors import GenerationError
 from ..runtime.model import Model
-from . import openai
+from . import openai, page
 from .chat import ChatTemplate, chat_params
 from .engine import Engine, EngineBusy, EngineClosed
 from .jobs import Job
 from .metrics import CONTENT_TYPE, ServerMetrics, render
 from .openapi import spec
-from .page import FILES as PAGE_FILES
-from .page import routes as page_routes
 from .protocol import CHAT_FIELDS, COMPLETION_FIELDS, ApiError, Params, check_fields, completion_params, parse_json
 from .request_log import HEADER, RequestRecord, request_id, write
 from .routes import ROUTE_HEADER, USER_HEADER, LengthRoute, ServedRoute, check_routes
@@ -44,7 +42,7 @@ from .settings import ServeConfig
 from .sse import EventStream, full_body
 
 ROUTES = ("/health", "/metrics", "/openapi.json", "/v1/models", "/v1/completions", "/v1/chat/completions")
-PUBLIC = ("/health", "/openapi.json", *PAGE_FILES)  # no API key
+PUBLIC = ("/health", "/openapi.json", *page.FILES)  # no API key
 
 log = logging.getLogger("hybridrt.serve")
 
@@ -258,7 +256,7 @@ class Guard:
             else:
                 await self.app(scope, receive, counted)
         finally:
-            route = path if path in ROUTES or path in PAGE_FILES else "other"
+            route = path if path in ROUTES or path in page.FILES else "other"
             metrics = self.server.metrics
             metrics.requests.labels(route, str(status[0])).inc()
             record.status = status[0]
@@ -324,7 +322,7 @@ def create_app(
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
-        *page_routes(key_required=server.config.api_key is not None),
+        *page.routes(key_required=server.config.api_key is not None),
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _server_error}
 

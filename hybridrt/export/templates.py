@@ -1,0 +1,123 @@
+"""The templates an export instantiates (export.streamed): every distinct layer's and the outer
+graph's, traced (fragments.py) or read from the trace cache (trace_cache.py), with their norms
+fused (export.fuse), their value types annotated, and each prepared for instantiation
+(compose.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+
+from ..config import HybridConfig
+from ..graphs.contract import GraphContract
+from .compose import Prepared, prepare
+from .first_block import first_from, first_layer
+from .fragments import Template, layer_blocks, outer_model, signature, trace_layer, trace_outer
+from .trace_cache import TraceCache, template_key
+
+
+@dataclass
+class Templates:
+    """What the writing instantiates: the layers grouped by template (first layer of each group
+    first), the outer graph's template, each template prepared for its layers, and the records
+    of the norm fusion and the trace cache."""
+
+    groups: dict[tuple[object, ...], list[int]]
+    outer: Template
+    outer_prep: Prepared
+    preps: dict[int, Prepared]
+    owner: dict[int, int]  # layer -> the first layer of its group
+    fusion: Any
+    cache: TraceCache
+
+
+def templates(
+    cfg: HybridConfig, contract: GraphContract, fused: bool, fuse_norms: bool, say: Callable[[str], None]
+) -> Templates:
+    """Every distinct layer's template and the outer graph's, traced or read from the trace
+    cache, fused and prepared for instantiation."""
+    outer = outer_model(cfg)
+    layers = list(range(cfg.num_layers))
+    blocks, shared = layer_blocks(cfg, layers)
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for i in layers:
+        groups.setdefault(signature(cfg, outer, i, blocks[i], shared, contract), []).append(i)
+    source = first_from(groups)  # layer 0's template is made from this layer's (fragments.first_layer)
+    traced = len(groups) - (source is not None)
+    say(f"tracing {traced} distinct layers of {cfg.num_layers} and the outer graph")
+    cache = TraceCache.from_env()
+    templates: dict[int, Template] = {}
+    for members in groups.values():
+        j = members[0]
+        if j != 0 or source is None:
+            trace = functools.partial(trace_layer, cfg, outer, j, blocks[j], shared, fused, contract)
+            templates[j] = cache.get(template_key(cfg, j, fused, contract), trace)
+    if source is not None:
+        first = first_layer(templates[source])
+        if first is None:
+            trace = functools.partial(trace_layer, cfg, outer, 0, blocks[0], shared, fused, contract)
+            first = cache.get(template_key(cfg, 0, fused, contract), trace)
+        templates[0] = first
+    outer_t = cache.get(
+        template_key(cfg, -1, fused, contract), functools.partial(trace_outer, cfg, outer, fused, contract)
+    )
+    del blocks
+    fusion = _fuse({-1: outer_t, **templates}, groups) if fused and fuse_norms else None
+    for t in [outer_t, *templates.values()]:
+        _annotate(t.model)
+    preps = {j: prepare(t, weight_pattern(t.index), fused) for j, t in templates.items()}
+    owner = {i: members[0] for members in groups.values() for i in members}
+    return Templates(groups, outer_t, prepare(outer_t, weight_pattern(-1), fused), preps, owner, fusion, cache)
+
+
+def weight_pattern(j: int) -> Callable[[str], str]:
+    """Template j's weight names as patterns over the layer index (the outer graph's as they are)."""
+    prefix = f"model.layers.{j}."
+
+    def pattern(name: str) -> str:
+        return "model.layers.{i}." + name[len(prefix) :] if j >= 0 and name.startswith(prefix) else name
+
+    return pattern
+
+
+def _annotate(model: onnx.ModelProto) -> None:
+    """The type of every value, from onnxruntime's symbolic shape inference (with
+    export.fuse's rules for the com.microsoft operators it does not know), as the value_info
+    quantizers read (int8-static inserts its QDQ pairs only where it knows a tensor's type)."""
+    from .fuse import _shape_helper
+
+    helper = _shape_helper(model)
+    if helper is None:
+        return
+    produced = {o for n in model.graph.node for o in n.output if o} - {v.name for v in model.graph.output}
+    del model.graph.value_info[:]
+    for name, v in sorted(helper.known_vi_.items()):
+        elem = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else 0
+        if name in produced and elem:
+            # Types only: onnxruntime plans buffers by value_info shapes, and symbolic inference
+            # may fix a size (a chunk count) that is symbolic at run time.
+            model.graph.value_info.append(onnx.helper.make_tensor_value_info(name, elem, None))
+
+
+def _fuse(templates: dict[int, Template], groups: dict[tuple[object, ...], list[int]]) -> dict[str, Any]:
+    """RMSNorm fusion on each template (export.fuse.fuse_norms): the norms' weights need not
+    be constants for it, so it runs once per distinct layer. Counts are per model. templates:
+    first member of a group (-1 the outer graph) -> its template."""
+    from .fuse import FUSED_NORM_OPS, fuse_norms
+
+    size = {members[0]: len(members) for members in groups.values()}
+    total: dict[str, Any] = {}
+    for j, t in templates.items():
+        report = fuse_norms(t.model)
+        n = size.get(j, 1)
+        for op in FUSED_NORM_OPS:
+            total[op] = total.get(op, 0) + n * report[op]
+        total["passes"] = report["passes"]
+        total["skip_fusion"] = total.get("skip_fusion", True) and report["skip_fusion"]
+        total.setdefault("unfused", []).extend(report["unfused"])
+    return total
