@@ -162,13 +162,9 @@ def _write_onnx(
     with open_weights(src) as weights:
         contract = GraphContract.of(weights.cfg)  # the one contract this export writes, describes and checks
         plan = _check_memory(weights, validate, quantizer is not None, eval_text is not None)
-        float_dir = None
         if quantizer is not None:
             quantizer.bind(weights.cfg)
-            if eval_text is not None:
-                float_dir = tmp / ".float"
-                float_dir.mkdir()
-                copy_tokenizer(src, float_dir)
+        float_dir = _float_dir(src, tmp) if quantizer is not None and eval_text is not None else None
         try:
             written = write_graph(
                 weights,
@@ -189,17 +185,7 @@ def _write_onnx(
         n_params = sum(numel(s) for s in weights.shapes.values())
         manifest = _manifest(weights.cfg, contract, weights.hf, src, "onnx", n_params)
         manifest.in_place = in_place_states(graph, manifest.pasts)
-        manifest.provenance["fused_ops"] = fused_ops
-        fusion: dict[str, Any] | bool = False
-        if written.fusion is not None:
-            fusion = written.fusion | written.passes
-        manifest.provenance["fused_norms"] = fusion
-        manifest.provenance["templates"] = written.templates
-        manifest.provenance["trace_seconds"] = round(written.trace_seconds, 2)
-        if written.trace_cache is not None:
-            manifest.provenance["trace_cache"] = written.trace_cache
-        manifest.provenance["write_seconds"] = round(written.write_seconds, 2)
-        manifest.provenance["memory_plan_mb"] = {k: round(v / 1e6) for k, v in plan.items()}
+        _record(manifest, written, fused_ops, plan)
         if validate and quantizer is not None and float_dir is None:
             manifest.parity = {"skipped": DIRECT_PARITY}
             say(f"parity check skipped: {DIRECT_PARITY}")
@@ -211,6 +197,29 @@ def _write_onnx(
         if quantizer is not None:  # its record and quality report; the parity above becomes its parent's
             manifest = quantizer.finish(manifest, src, tmp, float_dir, eval_text, weights.nbytes(), say)
     return manifest
+
+
+def _float_dir(src: Path, tmp: Path) -> Path:
+    """Where an export quantized as it is written also writes its float graph (the reference of
+    its quality report), with the tokenizer that report reads."""
+    float_dir = tmp / ".float"
+    float_dir.mkdir()
+    copy_tokenizer(src, float_dir)
+    return float_dir
+
+
+def _record(manifest: Manifest, written: Any, fused_ops: bool, plan: dict[str, int]) -> None:
+    """The writing's provenance (export.streamed.Written): operators, norm fusions, templates,
+    times, trace cache and memory plan."""
+    p = manifest.provenance
+    p["fused_ops"] = fused_ops
+    p["fused_norms"] = False if written.fusion is None else written.fusion | written.passes
+    p["templates"] = written.templates
+    p["trace_seconds"] = round(written.trace_seconds, 2)
+    if written.trace_cache is not None:
+        p["trace_cache"] = written.trace_cache
+    p["write_seconds"] = round(written.write_seconds, 2)
+    p["memory_plan_mb"] = {k: round(v / 1e6) for k, v in plan.items()}
 
 
 def _check_memory(weights: Any, validate: bool, quantized: bool, report: bool) -> dict[str, int]:
