@@ -1,5 +1,5 @@
 """Constants folded into the projections that produce what they act on: multipliers into the
-weight at export (export.fuse.fold_scales), biases into a quantized MatMulNBits node
+weight at export (export.projections.fold_scales), biases into a quantized MatMulNBits node
 (quantization.rewrites.fold_biases). Each graph loses the node, computes the same values, and
 a quantized projection needs no node after it."""
 
@@ -15,7 +15,7 @@ import pytest
 from family_checkpoints import make_granitemoehybrid_dense
 from onnx import TensorProto, helper, numpy_helper
 
-from hybridrt.export.fuse import fold_scales
+from hybridrt.export.projections import fold_scales
 from hybridrt.graphs.manifest import read_manifest
 from hybridrt.quantization import quantize
 from hybridrt.quantization.methods import weight_only

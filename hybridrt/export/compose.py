@@ -5,7 +5,7 @@ constants: transposes of Linear weights, -exp(A_log), repeats for grouped heads)
 run-time part. Per layer, onnx's reference evaluator runs the weight part on that layer's
 tensors, the results become the layer's initializers, the run-time part is copied under the
 layer's names (/model/layers.{i}/...), the passes that need weight values run on that one
-layer (export.fuse.pack_qkv, expand_selective_scans, direct quantization), and the layer's
+layer (export.projections.pack_qkv, expand_selective_scans, direct quantization), and the layer's
 initializers go straight to the data file. Memory holds one layer's weights at a time and the
 nodes of the graph, never the whole model's values.
 """

@@ -180,7 +180,7 @@ def _layer_passes(
 ) -> Fragment:
     """The rewrites that need the layer's weight values, on the layer alone."""
     from ..models.ops import interleave_experts
-    from .fuse import expand_selective_scans, fold_scales, pack_qkv
+    from .projections import expand_selective_scans, fold_scales, pack_qkv
 
     model = _fragment_model(frag, io, prep)
     if pack:  # with the norm fusion, as one switch (--no-fuse-norms keeps the exporter's graph)
