@@ -137,21 +137,10 @@ def fold_scales(model: onnx.ModelProto, owned: Callable[[str], bool] = lambda na
     uses = Counter(i for n in graph.node for i in node_reads(n) if i)
     uses.update(o.name for o in graph.output)
 
-    def constant(name: str) -> Any:
-        if name in inits:
-            return numpy_helper.to_array(inits[name])
-        node = consts.get(name)
-        if node is not None and node.attribute[0].name == "value":
-            return numpy_helper.to_array(node.attribute[0].t)
-        return None
-
-    def folded(name: str, value: Any) -> None:
-        inits[name].CopyFrom(numpy_helper.from_array(value.astype(numpy_helper.to_array(inits[name]).dtype), name))
-
     done = 0
     for mul in [n for n in graph.node if n.op_type == "Mul"]:
         for side in (0, 1):
-            c, x = constant(mul.input[1 - side]), mul.input[side]
+            c, x = _constant(mul.input[1 - side], inits, consts), mul.input[side]
             if c is None or c.dtype != np.float32 or uses[x] != 1 or x not in producer:
                 continue
             add, node = None, producer[x]
@@ -171,19 +160,44 @@ def fold_scales(model: onnx.ModelProto, owned: Callable[[str], bool] = lambda na
             if c.size != 1 and (c.size != w.shape[1] or c.shape[-1] != w.shape[1]):
                 continue  # one factor for all, or one per output channel: nothing else
             factor = c.reshape(-1) if c.size != 1 else c.reshape(())
-            folded(node.input[1], w * factor)
+            _scaled(inits[node.input[1]], factor)
             if b_name:
-                folded(b_name, numpy_helper.to_array(inits[b_name]) * factor)
+                _scaled(inits[b_name], factor)
             producer[x].output[0] = mul.output[0]  # x fed only the Mul: its output is the product now
             producer[mul.output[0]] = producer.pop(x)
             graph.node.remove(mul)
             done += 1
             break
     if done:
-        from ..graphs.edit import prune
-
-        prune(graph, initializers=True)
-        made = {o for n in graph.node for o in n.output}
-        for v in [v for v in graph.value_info if v.name not in made]:
-            graph.value_info.remove(v)
+        _pruned(graph)
     return done
+
+
+def _constant(name: str, inits: dict[str, onnx.TensorProto], consts: dict[str, onnx.NodeProto]) -> Any:
+    """Value `name` as an array where it is an initializer or a Constant node's, else None."""
+    from onnx import numpy_helper
+
+    if name in inits:
+        return numpy_helper.to_array(inits[name])
+    node = consts.get(name)
+    if node is not None and node.attribute[0].name == "value":
+        return numpy_helper.to_array(node.attribute[0].t)
+    return None
+
+
+def _scaled(weight: onnx.TensorProto, factor: Any) -> None:
+    """`weight` times `factor`, in place, in its own dtype."""
+    from onnx import numpy_helper
+
+    value = numpy_helper.to_array(weight)
+    weight.CopyFrom(numpy_helper.from_array((value * factor).astype(value.dtype), weight.name))
+
+
+def _pruned(graph: onnx.GraphProto) -> None:
+    """What the folded Muls left unused removed: nodes, initializers, their value infos."""
+    from ..graphs.edit import prune
+
+    prune(graph, initializers=True)
+    made = {o for n in graph.node for o in n.output}
+    for v in [v for v in graph.value_info if v.name not in made]:
+        graph.value_info.remove(v)
