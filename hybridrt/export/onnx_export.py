@@ -135,7 +135,7 @@ _ASSERTIONS = (
     "aten._assert_tensor_metadata.default",
     "aten.sym_constrain_range_for_size.default",
 )
-_PATCHED = threading.Lock()  # the exporter's pass is swapped for one call at a time
+_PATCHED = threading.Lock()  # held by each export translated through the registry (see below)
 
 
 def untranslated(program: torch.export.ExportedProgram, registry: Any) -> str | None:
@@ -168,12 +168,14 @@ def _decomposition_skipped(program: torch.export.ExportedProgram, registry: Any)
 
     decompose = getattr(_fx_passes, "decompose_with_registry", None)
     needs = "the exporter's pass" if decompose is None else untranslated(program, registry)
-    if needs is not None:
-        logging.getLogger(__name__).debug("decomposing the traced program for %s", needs)
-        yield
-        return
     passes: Any = _fx_passes
+    # Every export takes the lock, not only those that swap the pass: an export in another
+    # thread must never run while the pass is swapped for one that needs it.
     with _PATCHED:
+        if needs is not None:
+            logging.getLogger(__name__).debug("decomposing the traced program for %s", needs)
+            yield
+            return
         passes.decompose_with_registry = lambda exported_program, registry: exported_program
         try:
             yield
