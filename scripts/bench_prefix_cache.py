@@ -294,7 +294,10 @@ WORKLOADS: dict[str, Callable[[str, Words], dict[str, Any]]] = {
 }
 
 
-def run(work: Path, llama_bin: Path, rounds: int, out: Path, servers: list[str]) -> dict[str, Any]:
+def run(
+    work: Path, llama_bin: Path, rounds: int, out: Path, servers: list[str], workloads: list[str] | None = None
+) -> dict[str, Any]:
+    chosen = {w: f for w, f in WORKLOADS.items() if workloads is None or w in workloads}
     words = Words(work / "peer-hf" / "tokenizer.json")
     results: dict[str, Any] = {"rounds": []}
     for k in range(rounds):
@@ -304,12 +307,13 @@ def run(work: Path, llama_bin: Path, rounds: int, out: Path, servers: list[str])
             words.at = 0  # the same texts for each server
             server = start(name, work, llama_bin, 8700 + k)
             try:
-                record[name] = {w: f(server.url, words) for w, f in WORKLOADS.items()}
+                record[name] = {w: f(server.url, words) for w, f in chosen.items()}
             finally:
                 server.stop()
             print(name, json.dumps(record[name])[:2000], flush=True)
         results["rounds"].append(record)
-    if "hybridrt" in servers:  # the disk tier: a small memory budget, 64 conversations
+    # The disk tier: a small memory budget, 64 conversations.
+    if "hybridrt" in servers and (workloads is None or "many_conversations" in workloads):
         words.at = 0
         disk = work / "states"
         server = start("hybridrt", work, llama_bin, 8790, ["--cache-mb", "512", "--cache-dir", str(disk)])
@@ -333,23 +337,26 @@ def report(results: dict[str, Any], out: Path) -> None:
     for k, record in enumerate(results["rounds"]):
         lines += [f"## Round {k + 1}", "", "| workload | " + " | ".join(record) + " |", "|---|" + "---|" * len(record)]
         rows = [
-            ("one stream: decode tok/s", lambda r: f"{r['one_stream']['decode_tok_s']:.1f}"),
-            ("completions conversation: TTFT by turn, ms", lambda r: _fmt(r["completions_conversation"]["ttft_ms"])),
-            ("completions conversation: cached tokens", lambda r: _fmt(r["completions_conversation"]["cached"])),
-            ("chat conversation: TTFT by turn, ms", lambda r: _fmt(r["chat_conversation"]["ttft_ms"])),
-            ("agent, 10 steps: TTFT by step, ms", lambda r: _fmt(r["agent"]["ttft_ms"])),
-            ("8,000-token system prompt, 16 requests: TTFT, ms", lambda r: _fmt(r["shared_system_prompt"]["ttft_ms"])),
+            ("one stream: decode tok/s", "one_stream", lambda r: f"{r['decode_tok_s']:.1f}"),
+            ("completions conversation: TTFT by turn, ms", "completions_conversation", lambda r: _fmt(r["ttft_ms"])),
+            ("completions conversation: cached tokens", "completions_conversation", lambda r: _fmt(r["cached"])),
+            ("chat conversation: TTFT by turn, ms", "chat_conversation", lambda r: _fmt(r["ttft_ms"])),
+            ("agent, 10 steps: TTFT by step, ms", "agent", lambda r: _fmt(r["ttft_ms"])),
+            ("8,000-token system prompt, 16 requests: TTFT, ms", "shared_system_prompt", lambda r: _fmt(r["ttft_ms"])),
             (
                 "... the slowest of the 15 later / the first",
-                lambda r: f"{r['shared_system_prompt']['worst_later_share']:.3f}",
+                "shared_system_prompt",
+                lambda r: f"{r['worst_later_share']:.3f}",
             ),
             (
                 "8 concurrent streams, seen one round earlier: TTFT p50, ms",
-                lambda r: _fmt(r["concurrent_repeats"]["ttft_p50_ms"][1:]),
+                "concurrent_repeats",
+                lambda r: _fmt(r["ttft_p50_ms"][1:]),
             ),
         ]
-        for name, cell in rows:
-            lines.append(f"| {name} | " + " | ".join(cell(r) for r in record.values()) + " |")
+        for name, workload, cell in rows:
+            if all(workload in r for r in record.values()):
+                lines.append(f"| {name} | " + " | ".join(cell(r[workload]) for r in record.values()) + " |")
         lines.append("")
     if "many_conversations" in results:
         m = results["many_conversations"]
@@ -366,8 +373,15 @@ def report(results: dict[str, Any], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     last = results["rounds"][-1]
-    panels = ("completions_conversation", "chat_conversation", "agent", "shared_system_prompt")
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
+    panels = [
+        w
+        for w in ("completions_conversation", "chat_conversation", "agent", "shared_system_prompt")
+        if all(w in r for r in last.values())
+    ]
+    if not panels:
+        return
+    fig, grid = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    axes = grid[0]
     for ax, w in zip(axes, panels):
         for name, r in last.items():
             ax.plot(range(1, len(r[w]["ttft_ms"]) + 1), r[w]["ttft_ms"], marker="o", label=name)
@@ -390,11 +404,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--servers", default="hybridrt,llama-server")
     ap.add_argument("--out", type=Path, default=HERE.parent / "docs" / "bench" / "prefix_cache")
+    names = [*WORKLOADS, "many_conversations"]
+    ap.add_argument("--workloads", help=f"a comma-separated subset of {','.join(names)} (default: all)")
     args = ap.parse_args()
     if args.step == "prepare":
         prepare(args.work, args.llama_bin, args.sdist, args.config)
     else:
-        run(args.work, args.llama_bin, args.rounds, args.out, args.servers.split(","))
+        chosen = None if args.workloads is None else args.workloads.split(",")
+        if chosen is not None and not set(chosen) <= set(names):
+            ap.error(f"--workloads: unknown {sorted(set(chosen) - set(names))}; known: {', '.join(names)}")
+        run(args.work, args.llama_bin, args.rounds, args.out, args.servers.split(","), chosen)
 
 
 if __name__ == "__main__":

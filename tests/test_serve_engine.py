@@ -75,6 +75,41 @@ def test_concurrent_greedy_requests_equal_generate_alone(model: hybridrt.runtime
         assert r.finish in ("stop", "length") and r.cached == 0
 
 
+def test_lone_requests_reuse_the_idle_batch_and_equal_generate_alone(model: hybridrt.runtime.Model) -> None:
+    """One request at a time: each prefills in the buffers of the decode batch the last one
+    left (no new state batch), with fresh states, resumed from the cache, or grown past the
+    buffers' capacity, and each gives the tokens Model.generate gives its prompt alone."""
+    vocab = int(model.manifest.vocab_size)
+    engine = _engine(model, slots=4, chunk=32, cache_bytes=256 << 20)
+    idle = []
+
+    def ask(prompt: list[int], budget: int) -> Result:
+        _, result = _submit(engine, prompt, max_new_tokens=budget)
+        assert result.done.wait(120) and result.finish == "length"
+        assert result.tokens == model.generate(prompt, max_new_tokens=budget)
+        deadline = time.monotonic() + 10  # the engine moves the batch aside after the last token
+        while engine.batch is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        idle.append(engine.prompts.idle)
+        return result
+
+    try:
+        first = _prompt(70, vocab=vocab)
+        reply = ask(first, 10).tokens
+        assert ask(_prompt(9, seed=1, vocab=vocab), 6).cached == 0  # fresh states in used buffers
+        # The first reply's end was stored when the second request took the buffers: resumed.
+        second = first + reply + _prompt(20, seed=2, vocab=vocab)
+        result = ask(second, 8)
+        assert result.cached == len(first) + len(reply) - 1
+        # The next turn continues in the row that holds it, nothing copied.
+        third = second + result.tokens + _prompt(15, seed=4, vocab=vocab)
+        assert ask(third, 7).cached == len(second) + len(result.tokens) - 1
+        ask(_prompt(300, seed=3, vocab=vocab), 5)  # more positions than the buffers held: they grow
+    finally:
+        engine.stop()
+    assert idle[0] is not None and all(b is idle[0] for b in idle)
+
+
 def test_admitted_requests_hold_no_states_until_their_prefill(jamba_onnx: Path) -> None:
     """Regression: every admitted request made its own state batch at admission, so 64
     requests arriving together held 64 sets of states before the first had prefilled

@@ -23,10 +23,8 @@ leave or are copied out (`extend`, `reorder` to another size, `row`, `set_row`, 
 through the host.
 
 Rewinding copies nothing: the states of any of the last R-1 calls are still in the ring, and
-a rewind only picks which prebound binding runs next.
-
-With `capture` (the loader's cuda_graph) a decode step runs from fixed buffers as a captured
-CUDA graph (runtime/captured_step.py).
+a rewind only picks which prebound binding runs next. With `capture` (the loader's cuda_graph)
+a decode step runs from fixed buffers as a captured CUDA graph (runtime/captured_step.py).
 """
 
 from __future__ import annotations
@@ -40,8 +38,8 @@ from ..graphs.contract import TensorSpec, present_name
 from ..graphs.feeds import NUMPY_DTYPES, state_shape
 from ..graphs.manifest import Manifest
 from .captured_step import CapturedStep
-from .device import Gathers, run_options
-from .state import Stepper, _fit
+from .device import Gathers, empty_like, run_options
+from .state import Stepper, _fit, put_row, widened_kv
 
 # KV dtypes that onnxruntime's CUDA GroupQueryAttention reads on the device (see BoundStepper).
 DEVICE_KV_DTYPES = ("float16", "bfloat16")
@@ -85,12 +83,13 @@ class BoundStepper(Stepper):
         self.reserved = batch  # rows the host buffers have room for (>= batch)
         self.floor = 0  # room kept however few rows are left (reserve)
         self._gathers = Gathers()  # the Gather sessions of `reorder` off the host
-        self._allocate(
-            [self._zeros(s) for s in self.kv], [[self._zeros(s) for s in self.fixed]] * self.sets, zeros=True
-        )
+        kv, fixed = [self._shaped(s) for s in self.kv], [self._shaped(s) for s in self.fixed]
+        self._allocate(kv, [fixed] * self.sets, zeros=True)
 
-    def _zeros(self, spec: TensorSpec) -> np.ndarray:
-        return np.zeros(state_shape(spec, self.batch, self.capacity), NUMPY_DTYPES[spec.dtype])
+    def _shaped(self, spec: TensorSpec) -> np.ndarray:
+        """A zero of the spec's shape at our batch and capacity, allocating nothing (a stride-0 view)."""
+        zero = np.zeros((), NUMPY_DTYPES[spec.dtype])
+        return np.broadcast_to(zero, state_shape(spec, self.batch, self.capacity))
 
     def _value(self, x: np.ndarray, host: bool = False) -> Any:
         """An OrtValue on the device: on the CPU (or `host`) it aliases x (which must stay alive)."""
@@ -217,14 +216,13 @@ class BoundStepper(Stepper):
 
     def grow(self, need: int) -> None:
         super().grow(need)
-        kv, _ = self._host()
-        kv = [_fit(x, s, self.capacity) for s, x in zip(self.kv, kv)]
+        if self.on_host:  # only KV depends on the capacity: the fixed states stay in their buffers
+            self._kv_pool = [widened_kv(x, s, self.batch, self.capacity) for s, x in zip(self.kv, self._kv_pool)]
+            self._view()
+            return
+        kv = [_fit(v.numpy(), s, self.capacity) for s, v in zip(self.kv, self._kv_values)]
         # Every set moves (not only the current one), so checkpoints stay valid across a grow.
-        if self.on_host:
-            fixed = self._fixed_host
-        else:
-            fixed = [[v.numpy() for v in group] for group in self._fixed_values]
-        self._allocate(kv, fixed, self.reserved)
+        self._allocate(kv, [[v.numpy() for v in group] for group in self._fixed_values], self.reserved)
 
     def _arrays(self) -> list[np.ndarray]:
         kv, fixed = self._host()
@@ -306,17 +304,25 @@ class BoundStepper(Stepper):
         return other
 
     def set_row(self, row: int, states: list[np.ndarray], length: int) -> None:
-        new = {s.name: _fit(x, s, self.capacity)[0] for s, x in zip(self.pasts, states)}
+        new = {s.name: x for s, x in zip(self.pasts, states)}
         kv, fixed = self._host()
         for group, specs, values in (
             (kv, self.kv, self._kv_values),
             (fixed, self.fixed, self._fixed_values[self.current]),
         ):
             for s, x, value in zip(specs, group, values):
-                x[row] = new[s.name]
+                put_row(x, row, new[s.name], s)  # in place: no padded copy of the row first
                 if not self.on_host:
                     value.update_inplace(x)
         self.lengths[row] = length
+
+    def _clear(self, row: int) -> None:
+        if not self.on_host:
+            super()._clear(row)
+            return
+        kv, fixed = self._host()
+        for x in (*kv, *fixed):
+            x[row] = 0
 
     def _reorder(self, index: np.ndarray) -> None:
         if self.on_host:
@@ -327,24 +333,17 @@ class BoundStepper(Stepper):
             # and KV into a spare set that then takes the KV buffers' place.
             following = (self.current + 1) % self.sets
             for s, src, dst in zip(self.fixed, self._fixed_values[self.current], self._fixed_values[following]):
-                self._gather(s, src, index, dst)
+                self._gathers.run(self.session, NUMPY_DTYPES[s.dtype], src, index, dst)
             self.current = following
             if self.kv and self.kv_on_host:
                 for x in self._kv_host:
                     x[...] = x[index]  # in place: the bound OrtValues alias these arrays
             elif self.kv:
                 if not self._kv_spare:
-                    self._kv_spare = [self._empty_like(s, v) for s, v in zip(self.kv, self._kv_values)]
+                    self._kv_spare = [
+                        empty_like(v, NUMPY_DTYPES[s.dtype], self.device) for s, v in zip(self.kv, self._kv_values)
+                    ]
                 for s, src, dst in zip(self.kv, self._kv_values, self._kv_spare):
-                    self._gather(s, src, index, dst)
+                    self._gathers.run(self.session, NUMPY_DTYPES[s.dtype], src, index, dst)
                 self._kv_values, self._kv_spare = self._kv_spare, self._kv_values
                 self._bind()
-
-    def _empty_like(self, spec: TensorSpec, value: Any) -> Any:
-        import onnxruntime as ort
-
-        return ort.OrtValue.ortvalue_from_shape_and_type(value.shape(), NUMPY_DTYPES[spec.dtype], *self.device)
-
-    def _gather(self, spec: TensorSpec, src: Any, index: np.ndarray, dst: Any) -> None:
-        """dst[r] = src[index[r]] on the device (runtime.device.Gathers)."""
-        self._gathers.run(self.session, np.dtype(NUMPY_DTYPES[spec.dtype]), src, index, dst)

@@ -41,16 +41,24 @@ def run_options(graph_id: int) -> Any:
     return found
 
 
+def empty_like(value: Any, dtype: Any, device: tuple[str, int]) -> Any:
+    """An uninitialized OrtValue of value's shape, of `dtype`, on `device`."""
+    import onnxruntime as ort
+
+    return ort.OrtValue.ortvalue_from_shape_and_type(value.shape(), dtype, *device)
+
+
 class Gathers:
     """One Gather session per dtype, made on first use."""
 
     def __init__(self) -> None:
         self.sessions: dict[str, Any] = {}
 
-    def run(self, model_session: Any, dtype: np.dtype, src: Any, index: np.ndarray, dst: Any) -> None:
-        """dst[r] = src[index[r]] (OrtValues on the model session's device)."""
+    def run(self, model_session: Any, dtype: Any, src: Any, index: np.ndarray, dst: Any) -> None:
+        """dst[r] = src[index[r]] (OrtValues of `dtype` on the model session's device)."""
         import onnxruntime as ort
 
+        dtype = np.dtype(dtype)
         if dtype.name not in self.sessions:
             providers = model_session.get_providers()
             # the Gather runs on varying rows: never captured

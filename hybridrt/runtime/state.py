@@ -185,6 +185,25 @@ class Stepper:
         """A stepper of the same kind and capacity over `batch` fresh rows."""
         raise NotImplementedError
 
+    def restart(self, row: Snapshot | None, capacity: int) -> None:
+        """One row again, holding `row` (None: fresh states), KV room for at least `capacity`
+        positions: a server's idle decode batch takes its next request in the buffers it has
+        instead of new ones. Checkpoints taken before cannot be rewound to after it."""
+        if self.batch > 1:
+            self.reorder([0])
+        if self.has_kv and capacity > self.capacity:
+            self.grow(capacity)
+        if row is None:
+            self._clear(0)
+            self.lengths[0] = 0
+        else:
+            self.set_row(0, row.states, row.length)
+        self.epoch += 1
+
+    def _clear(self, row: int) -> None:
+        """Fresh (zero) states in row `row`."""
+        self.set_row(row, [np.zeros_like(x[row : row + 1]) for x in self._arrays()], 0)
+
     def reorder(self, index: np.ndarray | list[int]) -> None:
         """Row r takes every state of row index[r] (KV, conv/ssm states and its length): rows
         leave (an index shorter than the batch), change places or repeat (beam search: each
@@ -244,6 +263,30 @@ class Stepper:
         """New buffers holding `states` (host arrays of self.batch rows and self.capacity
         KV positions, in the order of the pasts)."""
         raise NotImplementedError
+
+
+def put_row(x: np.ndarray, row: int, src: np.ndarray, spec: TensorSpec) -> None:
+    """x[row] = src[0] in place, src's KV cut or zero-padded to x's positions (as _fit, without
+    a padded copy first)."""
+    axis = spec.kv_axis
+    if axis is None or src.shape[axis] == x.shape[axis]:
+        x[row] = src[0]
+        return
+    n = min(src.shape[axis], x.shape[axis])
+    lead = (slice(None),) * (axis - 1)  # the row's axes before KV's positions
+    x[row][lead + (slice(0, n),)] = src[0][lead + (slice(0, n),)]
+    x[row][lead + (slice(n, None),)] = 0
+
+
+def widened_kv(x: np.ndarray, spec: TensorSpec, rows: int, capacity: int) -> np.ndarray:
+    """A new KV buffer with x's room for rows and `capacity` positions, holding x's first `rows`
+    rows (the others are zeros, as unused room is)."""
+    axis = spec.kv_axis
+    assert axis is not None
+    new = np.zeros((*x.shape[:axis], capacity, *x.shape[axis + 1 :]), x.dtype)
+    held = (slice(0, rows),) + (slice(None),) * (axis - 1) + (slice(0, min(x.shape[axis], capacity)),)
+    new[held] = x[held]
+    return new
 
 
 def _fit(x: np.ndarray, spec: TensorSpec, capacity: int) -> np.ndarray:

@@ -12,16 +12,14 @@ of its prefill to its last token. Each turn of the loop:
 A request whose prefill ends samples its first token and joins the decode batch; finished,
 cancelled and timed-out requests leave it, between steps. Greedy tokens equal
 `Model.generate` on the prompt alone: every row carries its own states, mask and positions.
-
-With an assistant (draft) model, a request alone in the engine decodes in speculative rounds
-(hybridrt.serve.speculation).
+With an assistant (draft) model, a lone request decodes in speculative rounds (serve.speculation).
 
 The decode batch and each prefilling request's states are runtime state batches
 (`Model.stepper`): bound on the model's device, so `--provider cuda` keeps every state on
-the GPU between steps; rows join (`extend`) and leave (`reorder`) between steps.
-
-Per-request state (sampling, penalties, logprobs) and the updates sent back are
-hybridrt.serve.request's; logprobs are hybridrt.serve.logprobs's.
+the GPU between steps; rows join (`extend`) and leave (`reorder`) between steps. A batch
+whose last row left is kept: the next request prefills in its buffers, and one that continues
+what that row has seen (a chat's next turn) continues in it (serve.prefill.Prompts.park).
+Per-request state and the updates sent back are hybridrt.serve.request's.
 """
 
 from __future__ import annotations
@@ -171,12 +169,10 @@ class Engine:
         return True
 
     def _loaded(self, model: Model) -> None:
-        """Take the loaded model (and the assistant, loaded first): its vocabulary, its prompt
-        side and prefix state cache. A speculative round takes back its verifying call: with a
-        draft, a request's states keep two sets; without one they are read and written in
-        place (runtime.bound)."""
-        self.model = model
-        self.vocab = int(model.manifest.vocab_size)
+        """Take the loaded model (and the assistant, loaded first), its prompt side and prefix
+        state cache. A speculative round takes back its verifying call: with a draft, a
+        request's states keep two sets; without, they are read and written in place."""
+        self.model, self.vocab = model, int(model.manifest.vocab_size)
         ring = 2 if self.assistant is not None else 1
         self.prompts = Prompts(model, self.config, self.metrics, self.prefilling, ring)
         self.cache = self.prompts.cache
@@ -262,14 +258,17 @@ class Engine:
         feed_lag(self.batch, self.running)  # after speculative rounds, when others now wait
         ids = np.asarray([[r.tokens[-1]] for r in self.running], dtype=np.int64)
         logits = self.batch.forward(ids)
-        keep = []
+        keep, seen = [], None
         for i, req in enumerate(self.running):
             if self._advance(req, logits[i : i + 1]):
                 keep.append(i)
             elif self.cache is not None and self.cache.enabled:
                 # The states have seen all but the reply's last token: a chat turn continues here.
-                self.cache.put(req.prompt + req.tokens[:-1], self.batch.row(i), None)
-        self._keep(keep)
+                # A lone row stays where it is (Prompts.park) until another request needs it.
+                seen = req.prompt + req.tokens[:-1]
+                if len(self.running) > 1:
+                    self.cache.put(seen, self.batch.row(i), None)
+        self._keep(keep, seen if len(self.running) == 1 else None)
 
     def _speculate(self) -> None:
         """One speculative round of the lone running request (hybridrt.serve.speculation)."""
@@ -320,10 +319,12 @@ class Engine:
             i = self.running.index(req)
             self._keep([k for k in range(len(self.running)) if k != i])
 
-    def _keep(self, keep: list[int]) -> None:
-        """Keep only these rows of the decode batch (ascending indices into self.running). The
-        last rows fill the places of those that leave, so a leaving row moves at most one other."""
-        if not keep:
+    def _keep(self, keep: list[int], seen: list[int] | None = None) -> None:
+        """Keep only these rows of the decode batch (ascending indices into self.running): the last
+        rows fill the places of those that leave, so a leaving row moves at most one other."""
+        if not keep:  # `seen`: what the one row left has seen, not stored yet
+            if self.prompts is not None and self.batch is not None:  # the next request's buffers
+                self.prompts.park(self.batch, seen)
             self.running, self.batch = [], None
             return
         if len(keep) == len(self.running):  # nobody left (most decode steps)

@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..runtime.model import Model
-from ..runtime.prefix_cache import Hit, StateCache
+from ..runtime.prefix_cache import StateCache
 from ..runtime.prefix_plan import DENSITY, MIN_BRANCH, chunk_end
 from ..runtime.radix import common_prefix
-from ..runtime.state import Stepper
+from ..runtime.state import Snapshot, Stepper
 from .logprobs import prompt_scores
 from .metrics import Metrics
 from .request import Request
@@ -89,6 +89,23 @@ class Prompts:
         self.model, self.chunk, self.metrics, self.ring = model, config.chunk, metrics, ring
         self.cache = open_cache(model, config, metrics)
         self.requests = requests
+        # The decode batch once its last request left (`park`): the next request prefills in its
+        # buffers instead of allocating and zeroing new ones, and joins as the batch with its
+        # slots' room already reserved. `idle_seen`: the tokens its row 0 has seen, when they are
+        # not stored in the cache yet (a reply's end): a prompt that continues them continues
+        # in that row, with nothing copied; any other stores them first.
+        self.idle: Stepper | None = None
+        self.idle_seen: list[int] | None = None
+
+    def park(self, batch: Stepper, seen: list[int] | None = None) -> None:
+        """Keep the emptied decode batch for the next request; `seen`: what its one row holds."""
+        self._store_idle()
+        self.idle, self.idle_seen = batch, seen
+
+    def _store_idle(self) -> None:
+        if self.idle is not None and self.idle_seen is not None:
+            self.cache.put(self.idle_seen, self.idle.row(0), None)
+        self.idle_seen = None
 
     def cached_whole(self, req: Request) -> np.ndarray | None:
         """A newly admitted request: the last logits of its prompt where the cache holds it whole
@@ -98,7 +115,7 @@ class Prompts:
         if self.cache.enabled and req.prompt_logprobs is None:
             hit = self.cache.lookup(req.prompt, whole=True)
             if hit is not None and hit.logits is not None:
-                self._resumed(req, hit)
+                self._resumed(req, hit.snapshot.length, hit.snapshot)
                 req.marks = []
                 return hit.logits
         for other in self.requests:
@@ -148,10 +165,16 @@ class Prompts:
     def states(self, req: Request) -> Stepper:
         """req's own states, made on first use (from the cached state it resumes from, if any)."""
         if req.rows is None:
-            req.rows = self.model.stepper(1, len(req.prompt) + req.cfg.max_new_tokens, ring=self.ring)
-            if req.resume is not None:
-                req.rows.set_row(0, req.resume.states, req.resume.length)
-                req.resume = None
+            capacity = len(req.prompt) + req.cfg.max_new_tokens
+            if self.idle is not None:
+                self._store_idle()
+                req.rows, self.idle = self.idle, None
+                req.rows.restart(req.resume, capacity)
+            else:
+                req.rows = self.model.stepper(1, capacity, ring=self.ring)
+                if req.resume is not None:
+                    req.rows.set_row(0, req.resume.states, req.resume.length)
+            req.resume = None
         return req.rows
 
     def _resume(self, req: Request, others: Callable[[], Sequence[Sequence[int]]]) -> np.ndarray | None:
@@ -159,18 +182,32 @@ class Prompts:
         logits of the prompt where the cache held it whole (nothing to prefill)."""
         cache = self.cache if self.cache.enabled else None
         # A scored prompt needs the logits of every position, which the cache does not keep.
-        hit = None if cache is None or req.prompt_logprobs is not None else cache.lookup(req.prompt)
-        if hit is None:
-            self.metrics.cache_misses.inc()
-        else:
-            self._resumed(req, hit)
-            if hit.logits is not None:
-                req.marks = []
-                return hit.logits
+        if cache is not None and req.prompt_logprobs is None and not self._continued(req):
+            hit = cache.lookup(req.prompt)
+            if hit is None:
+                self.metrics.cache_misses.inc()
+            else:
+                self._resumed(req, hit.snapshot.length, hit.snapshot)
+                if hit.logits is not None:
+                    req.marks = []
+                    return hit.logits
         req.marks = [] if cache is None else cache.plan(req.prompt, req.fed, others())
         return None
 
-    def _resumed(self, req: Request, hit: Hit) -> None:
-        req.resume, req.fed, req.cached_tokens = hit.snapshot, hit.snapshot.length, hit.snapshot.length
+    def _continued(self, req: Request) -> bool:
+        """Whether req's prompt continues what the idle batch's row holds (a chat's next turn
+        after its reply): then req prefills the rest in that row, from where it is."""
+        seen = self.idle_seen
+        if self.idle is None or seen is None or len(req.prompt) <= len(seen) or req.prompt[: len(seen)] != seen:
+            return False
+        req.rows, self.idle, self.idle_seen = self.idle, None, None
+        capacity = len(req.prompt) + req.cfg.max_new_tokens
+        if req.rows.has_kv and capacity > req.rows.capacity:
+            req.rows.grow(capacity)
+        self._resumed(req, len(seen))
+        return True
+
+    def _resumed(self, req: Request, length: int, snapshot: Snapshot | None = None) -> None:
+        req.resume, req.fed, req.cached_tokens = snapshot, length, length
         self.metrics.cache_hits.inc()
-        self.metrics.cache_hit_tokens.inc(req.fed)
+        self.metrics.cache_hit_tokens.inc(length)
