@@ -1,6 +1,7 @@
 """The package's layers (docs/architecture.md), checked on every import statement in hybridrt/,
 those inside functions included: each top-level package imports only the packages below it,
-and no private name (a leading underscore) is imported from another package."""
+and no private name (a leading underscore) is imported from another package; and no module or
+function grows past what a reader takes in at once."""
 
 from __future__ import annotations
 
@@ -103,4 +104,23 @@ def test_no_private_name_crosses_a_package() -> None:
         for part, imported, target, name, line, where in _imports()
         if imported != part and name.startswith("_") and not name.startswith("__")
     ]
+    assert not wrong, "\n".join(wrong)
+
+
+# Sizes a reader takes in at once: a module that grows past this is split by concern, a function
+# into the steps it takes.
+MODULE_LINES, FUNCTION_LINES = 350, 60
+
+
+def test_modules_and_functions_stay_readable() -> None:
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text, rel = path.read_text(), path.relative_to(PACKAGE)
+        if len(text.splitlines()) > MODULE_LINES:
+            wrong.append(f"{rel}: {len(text.splitlines())} lines (at most {MODULE_LINES})")
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > FUNCTION_LINES:
+                    wrong.append(f"{rel}:{node.lineno}: {node.name} is {lines} lines (at most {FUNCTION_LINES})")
     assert not wrong, "\n".join(wrong)

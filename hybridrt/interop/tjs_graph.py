@@ -39,6 +39,7 @@ DIMS = {
     "n_logits": "num_logits",
 }
 PAST_LENGTH, TOTAL_LENGTH = "past_sequence_length", "total_sequence_length"
+KEEP = "num_logits_to_keep"
 
 
 def adapt_graph(
@@ -54,20 +55,12 @@ def adapt_graph(
     model = onnx.load(str(path), load_external_data=False)
     g = model.graph
     pre = Prelude("/tjs")
-    const, node = pre.const, pre.node
     seq = mask_lengths(pre, contract.takes_lengths)  # [1]
-    # logit_positions = max(seq - n, 0) .. seq-1 for n > 0, else 0 .. seq-1.
-    seq0 = node("Squeeze", [seq, const("axis0", [0])], "/tjs/seq_scalar")
-    zero = const("zero_scalar", [0], [])
-    n = "num_logits_to_keep"
-    tail = node("Max", [node("Sub", [seq0, n], "/tjs/seq_minus_n"), zero], "/tjs/tail_start")
-    start = node("Where", [node("Greater", [n, zero], "/tjs/keep_some"), tail, zero], "/tjs/start")
-    node("Range", [start, seq0, const("one_scalar", [1], [])], "logit_positions")
-
+    _logit_positions(pre, seq)
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", TOTAL_LENGTH]),
-        helper.make_tensor_value_info(n, TensorProto.INT64, []),
+        helper.make_tensor_value_info(KEEP, TensorProto.INT64, []),
     ]
     outputs = [_renamed(value_info(g.output, "logits"), "logits", {})]
     finale: list[Any] = []
@@ -80,38 +73,7 @@ def adapt_graph(
             inputs.append(_renamed(past_info, p.past, {"capacity": PAST_LENGTH}, p))
             outputs.append(_renamed(present_info, p.present, {"capacity": TOTAL_LENGTH}, p))
             states.append(_state_record(past, p))
-        if len(tensors) > 1:  # a state in parts: concatenated in, sliced out along its channels
-            node("Concat", [p.past for p in tensors], past.name, axis=1)
-            for p in tensors:
-                bounds = [const(f"{p.present}/start", [p.start]), const(f"{p.present}/stop", [p.stop or 0])]
-                finale.append(
-                    helper.make_node(
-                        "Slice",
-                        [present.name, *bounds, const("axis1", [1])],
-                        [p.present],
-                        name=f"/tjs/out/{p.present}",
-                    )
-                )
-            continue
-        (p,) = tensors
-        if past.is_kv:  # room for the new tokens: our graph writes them at past_lengths
-            axis = past.kv_axis
-            assert axis is not None
-            pads = node(
-                "Concat",
-                [
-                    const(f"pads_{p.past}", [0] * (len(past.dims) + axis)),
-                    seq,
-                    const(f"pads_end_{p.past}", [0] * (len(past.dims) - axis - 1)),
-                ],
-                f"/tjs/pads/{p.past}",
-                axis=0,
-            )
-            node("Pad", [p.past, pads], past.name, mode="constant")
-        else:
-            node("Identity", [p.past], past.name)
-        if p.present != present.name:
-            finale.append(helper.make_node("Identity", [present.name], [p.present], name=f"/tjs/out/{p.present}"))
+        finale += _wired(pre, past, present.name, tensors, seq)
 
     pre.install(model, inputs, outputs, finale)
     meta = {
@@ -122,6 +84,49 @@ def adapt_graph(
     }
     set_metadata(model, meta)
     save_with_data(model, path, dest, move=move)
+
+
+def _logit_positions(pre: Prelude, seq: str) -> None:
+    """logit_positions = max(seq - n, 0) .. seq-1 for n = num_logits_to_keep > 0, else 0 .. seq-1."""
+    const, node = pre.const, pre.node
+    seq0 = node("Squeeze", [seq, const("axis0", [0])], "/tjs/seq_scalar")
+    zero = const("zero_scalar", [0], [])
+    tail = node("Max", [node("Sub", [seq0, KEEP], "/tjs/seq_minus_n"), zero], "/tjs/tail_start")
+    start = node("Where", [node("Greater", [KEEP, zero], "/tjs/keep_some"), tail, zero], "/tjs/start")
+    node("Range", [start, seq0, const("one_scalar", [1], [])], "logit_positions")
+
+
+def _wired(pre: Prelude, past: TensorSpec, present: str, tensors: list[Part], seq: str) -> list[Any]:
+    """The nodes that give our graph its past `past` from transformers.js's tensors (in the
+    prelude), and those that give transformers.js's presents from ours (returned: they run last)."""
+    from onnx import helper
+
+    const, node = pre.const, pre.node
+    if len(tensors) > 1:  # a state in parts: concatenated in, sliced out along its channels
+        node("Concat", [p.past for p in tensors], past.name, axis=1)
+        return [
+            helper.make_node(
+                "Slice",
+                [present, const(f"{p.present}/start", [p.start]), const(f"{p.present}/stop", [p.stop or 0])]
+                + [const("axis1", [1])],
+                [p.present],
+                name=f"/tjs/out/{p.present}",
+            )
+            for p in tensors
+        ]
+    (p,) = tensors
+    if past.is_kv:  # room for the new tokens: our graph writes them at past_lengths
+        axis = past.kv_axis
+        assert axis is not None
+        before = const(f"pads_{p.past}", [0] * (len(past.dims) + axis))
+        after = const(f"pads_end_{p.past}", [0] * (len(past.dims) - axis - 1))
+        pads = node("Concat", [before, seq, after], f"/tjs/pads/{p.past}", axis=0)
+        node("Pad", [p.past, pads], past.name, mode="constant")
+    else:
+        node("Identity", [p.past], past.name)
+    if p.present == present:
+        return []
+    return [helper.make_node("Identity", [present], [p.present], name=f"/tjs/out/{p.present}")]
 
 
 def _state_record(spec: TensorSpec, part: Part) -> dict[str, Any]:

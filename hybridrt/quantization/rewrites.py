@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import QuantizationError
@@ -182,61 +183,18 @@ def fold_biases(graph: Any) -> int:
     the product is split along its last axis and some parts alone get a bias (Mamba2's dt_bias
     on the dt part of in_proj): the bias is then zero over the other parts. The kernel adds it
     to the same float32 sum, so the values are unchanged. Returns how many Adds went."""
-    import numpy as np
     from onnx import numpy_helper
 
-    inits = {t.name: t for t in graph.initializer}
-    readers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for i in node_reads(node):
-            readers.setdefault(i, []).append(node)
-    outputs = {o.name for o in graph.output}
-
-    def bias_add(value: str, size: int) -> tuple[Any, Any] | None:
-        """(Add, its constant [size] bias) when `value` is read by that Add alone."""
-        users = readers.get(value, [])
-        if value in outputs or len(users) != 1 or users[0].op_type != "Add":
-            return None
-        add = users[0]
-        other = [i for i in add.input if i != value]
-        if len(other) != 1 or other[0] not in inits:
-            return None
-        b = numpy_helper.to_array(inits[other[0]])
-        if b.dtype != np.float32 or b.size != size or b.shape[-1:] != (size,):
-            return None
-        return add, b.reshape(size)
-
+    scope = _Scope.of(graph)
     removed: list[Any] = []
     added: list[Any] = []
     for node in graph.node:
         if node.op_type != "MatMulNBits" or (len(node.input) > 5 and node.input[5]):
             continue
-        n = next(a.i for a in node.attribute if a.name == "N")
-        split: Any = None
-        bias, moved = np.zeros(n, np.float32), []  # (Add, the value its readers read instead)
-        found = bias_add(node.output[0], n)
-        if found is not None:
-            bias[:] = found[1]
-            moved.append((found[0], node.output[0]))
-        else:
-            users = readers.get(node.output[0], [])
-            split = users[0] if len(users) == 1 and users[0].op_type == "Split" else None
-            axis = next((a.i for a in split.attribute if a.name == "axis"), 0) if split is not None else 0
-            # MatMulNBits reads [b, l, K] in these graphs: axis 2 is the last one.
-            if split is None or axis not in (-1, 2) or len(split.input) < 2 or split.input[1] not in inits:
-                continue
-            sizes = numpy_helper.to_array(inits[split.input[1]]).tolist()
-            if sum(sizes) != n:
-                continue
-            start = 0
-            for part, size in zip(split.output, sizes):
-                found = bias_add(part, size)
-                if found is not None:
-                    bias[start : start + size] = found[1]
-                    moved.append((found[0], part))
-                start += size
-        if not moved:
+        found = _foldable(node, scope)
+        if found is None:
             continue
+        bias, moved, split = found
         name = f"{node.name}/bias"
         added.append(numpy_helper.from_array(bias, name))
         node.input.extend([""] * (5 - len(node.input)) + [name])
@@ -244,7 +202,7 @@ def fold_biases(graph: Any) -> int:
             writer = split if value != node.output[0] else node
             writer.output[list(writer.output).index(value)] = add.output[0]
             removed.append(add)
-    biases = {i for add in removed for i in add.input if i in inits}
+    biases = {i for add in removed for i in add.input if i in scope.inits}
     for add in removed:
         graph.node.remove(add)
     graph.initializer.extend(added)
@@ -255,6 +213,71 @@ def fold_biases(graph: Any) -> int:
     for v in [v for v in graph.value_info if v.name not in made]:
         graph.value_info.remove(v)
     return len(removed)
+
+
+@dataclass
+class _Scope:
+    """What fold_biases reads of a graph: its constants, each value's readers, its outputs."""
+
+    inits: dict[str, Any]
+    readers: dict[str, list[Any]]
+    outputs: set[str]
+
+    @classmethod
+    def of(cls, graph: Any) -> _Scope:
+        readers: dict[str, list[Any]] = {}
+        for node in graph.node:
+            for i in node_reads(node):
+                readers.setdefault(i, []).append(node)
+        return cls({t.name: t for t in graph.initializer}, readers, {o.name for o in graph.output})
+
+    def bias_add(self, value: str, size: int) -> tuple[Any, Any] | None:
+        """(Add, its constant [size] bias) when `value` is read by that Add alone."""
+        import numpy as np
+        from onnx import numpy_helper
+
+        users = self.readers.get(value, [])
+        if value in self.outputs or len(users) != 1 or users[0].op_type != "Add":
+            return None
+        add = users[0]
+        other = [i for i in add.input if i != value]
+        if len(other) != 1 or other[0] not in self.inits:
+            return None
+        b = numpy_helper.to_array(self.inits[other[0]])
+        if b.dtype != np.float32 or b.size != size or b.shape[-1:] != (size,):
+            return None
+        return add, b.reshape(size)
+
+
+def _foldable(node: Any, scope: _Scope) -> tuple[Any, list[tuple[Any, str]], Any] | None:
+    """For a MatMulNBits node: its bias [N], the Adds that go with the value each read (the
+    product, or a part of it), and the Split between (None when the Add reads the product)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    n = next(a.i for a in node.attribute if a.name == "N")
+    bias = np.zeros(n, np.float32)
+    found = scope.bias_add(node.output[0], n)
+    if found is not None:
+        bias[:] = found[1]
+        return bias, [(found[0], node.output[0])], None
+    users = scope.readers.get(node.output[0], [])
+    split = users[0] if len(users) == 1 and users[0].op_type == "Split" else None
+    axis = next((a.i for a in split.attribute if a.name == "axis"), 0) if split is not None else 0
+    # MatMulNBits reads [b, l, K] in these graphs: axis 2 is the last one.
+    if split is None or axis not in (-1, 2) or len(split.input) < 2 or split.input[1] not in scope.inits:
+        return None
+    sizes = numpy_helper.to_array(scope.inits[split.input[1]]).tolist()
+    if sum(sizes) != n:
+        return None
+    moved, start = [], 0
+    for part, size in zip(split.output, sizes):
+        found = scope.bias_add(part, size)
+        if found is not None:
+            bias[start : start + size] = found[1]
+            moved.append((found[0], part))
+        start += size
+    return (bias, moved, split) if moved else None
 
 
 def order_nodes(graph: Any) -> None:

@@ -79,29 +79,27 @@ def load(
 ) -> Model:
     """Open an exported directory (or "default") for generation.
 
-    provider: "auto", "cpu", "cuda", "acl", "xnnpack", a full ONNX Runtime name, a
-      (name, {"device_id": 0, "threads": 4}) tuple, or an ordered list of these.
+    provider: "auto", "cpu", "cuda", "acl", "xnnpack", an ONNX Runtime name, a (name, options) tuple, or a list.
     allow_fallback: run on CPU, with a logged warning, when a named provider is missing.
     threads: intra-op threads of the CPU provider (default: the session options' own count,
       else HYBRIDRT_THREADS, else ONNX Runtime's choice: one per core of the host).
     verify: check every file's sha256 against the manifest (reads the whole graph once).
     io_binding: keep states in buffers bound once with IO binding, KV written in place (the
-      default; False: plain session.run, which copies every state in and out per step).
-      Measured on CPU, 2 threads, decode tok/s after 128 / 1,900 prompt tokens: llama-125m
-      int4 386.5 / 205.0 bound vs 334.8 / 140.6 plain; jamba-125m int4 240.7 / 225.8 vs
-      241.3 / 181.5; granite-h-125m int4 297.7 / 270.9 vs 304.8 / 225.8.
+      default; False: plain session.run, copying every state in and out per step). CPU, 2 threads,
+      decode tok/s after 128 / 1,900 prompt tokens, int4, bound vs plain: llama-125m 386.5 / 205.0
+      vs 334.8 / 140.6; jamba-125m 240.7 / 225.8 vs 241.3 / 181.5; granite-h-125m 297.7 / 270.9
+      vs 304.8 / 225.8.
     session_options: an `onnxruntime.SessionOptions` to open the session with (profiling,
       graph optimization level, session config entries, ...); the session uses this object.
-      The loader's own settings go into it first and win where both set something: `threads`
-      (or a provider tuple's "threads") sets intra_op_num_threads, and after
-      share_thread_pool() the session uses the process-wide pool whatever the options say.
+      The loader's settings go into it first and win: `threads` (or a provider tuple's "threads")
+      sets intra_op_num_threads; after share_thread_pool() the session uses the shared pool.
       The loader quiets onnxruntime's log to errors only unless log_severity_level was set.
       On onnxruntime 1.31 a fused graph is opened from rewritten bytes (graphs/compat.py), and
       the object also gets the config entry that reads its weights from this directory.
     cuda_graph: capture each decode step as a CUDA graph and replay it (onnxruntime's
       `enable_cuda_graph`, which a ("cuda", {"enable_cuda_graph": "1"}) request also turns on):
-      the step's inputs and outputs stay in fixed device buffers, updated in place, and the
-      graph is opened with GroupQueryAttention's lengths as inputs (graphs/compat.py).
+      the step's inputs and outputs stay in fixed device buffers, updated in place, and the graph
+      is opened with GroupQueryAttention's lengths as inputs (graphs/compat.py).
       onnxruntime refuses the session unless every compute node runs on the GPU (float32
       attention does not: quantize --mode float16 --kv-dtype float16). On another provider
       the same graph and fixed buffers run without capture.
@@ -123,12 +121,17 @@ def load(
     session, rewritten, length_inputs = _session(ort, graph, selection, session_options, capture)
     _check_providers(session, selection, strict=not (auto or allow_fallback))
     check_session(session, manifest, directory, extra_inputs=length_inputs)
-    name = session.get_providers()[0]
-    device = device_of(name, session.get_provider_options().get(name, {}))
-    model = Model(directory, manifest, session, load_tokenizer(directory), device, io_binding=bind)
+    model = _model(directory, manifest, session, bind)
     model.batched_chunks = not rewritten  # 1.31's kernel: a chunk after a past takes one row
     model.cuda_graph, model.length_inputs = capture, length_inputs
     return model
+
+
+def _model(directory: Path, manifest: Manifest, session: Any, io_binding: bool) -> Model:
+    """The Model over an opened session, on the device of its first provider."""
+    name = session.get_providers()[0]
+    device = device_of(name, session.get_provider_options().get(name, {}))
+    return Model(directory, manifest, session, load_tokenizer(directory), device, io_binding=io_binding)
 
 
 def _directory(path: str | Path, manifest: Manifest | None, verify: bool) -> tuple[Path, Manifest, Path]:
