@@ -7,7 +7,7 @@ from typing import Any
 
 from ...config import HybridConfig
 from ..loading.registry import Family, register
-from ..loading.translate import check_silu, eos_ids, mamba2_fields, rope_settings
+from ..loading.translate import check_silu, mamba2_fields, rope_settings, special_tokens
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:
@@ -34,9 +34,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         attention_bias=hf.get("attention_bias", False),
         mlp_bias=hf.get("mlp_bias", False),
         rope_partial_factor=float(partial),
-        bos_token_id=hf.get("bos_token_id", 1),
-        eos_token_id=eos_ids(hf.get("eos_token_id", 2)),
-        pad_token_id=hf.get("pad_token_id", 0),
+        **special_tokens(hf, bos=1, eos=2, pad=0),
         **mamba2_fields("bamba", hf, d),
         **rope,
     )

@@ -9,7 +9,7 @@ from typing import Any
 
 from ...config import HybridConfig
 from ..loading.registry import Family, register
-from ..loading.translate import check_silu, check_time_step_limit, eos_ids, rope_settings, unsupported
+from ..loading.translate import check_silu, check_time_step_limit, rope_settings, special_tokens, unsupported
 
 MODEL = "falcon_h1"
 
@@ -83,9 +83,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         mamba2_out_bias=bool(hf.get("projectors_bias", False)),
         mamba2_gated_norm=bool(rms_norm),
         mamba2_norm_before_gate=bool(hf.get("mamba_norm_before_gate", True)),
-        bos_token_id=hf.get("bos_token_id", 1),
-        eos_token_id=eos_ids(hf.get("eos_token_id", 2)),
-        pad_token_id=hf.get("pad_token_id", 0),
+        **special_tokens(hf, bos=1, eos=2, pad=0),
         **rope_settings(MODEL, hf),
     )
 

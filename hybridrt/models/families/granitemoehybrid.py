@@ -9,7 +9,7 @@ from typing import Any
 
 from ...config import HybridConfig
 from ..loading.registry import Family, register
-from ..loading.translate import check_silu, eos_ids, layer_kinds, mamba2_fields, rope_settings, unsupported
+from ..loading.translate import check_silu, layer_kinds, mamba2_fields, rope_settings, special_tokens, unsupported
 
 # `position_embedding_type`: "rope", or no positions ("nope" in the released files, or null).
 POSITION_TYPES = (None, "rope", "nope")
@@ -49,9 +49,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         residual_multiplier=float(hf.get("residual_multiplier") or 1.0),
         attention_multiplier=float(hf.get("attention_multiplier") or 1.0),
         logits_scaling=float(hf.get("logits_scaling") or 1.0),
-        bos_token_id=hf.get("bos_token_id", 1),
-        eos_token_id=eos_ids(hf.get("eos_token_id", 2)),
-        pad_token_id=hf.get("pad_token_id"),
+        **special_tokens(hf, bos=1, eos=2, pad=None),
         **mamba2_fields("granitemoehybrid", hf, d),
         **rope,
     )

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...config import HybridConfig
 from ..loading.registry import Family, register
-from ..loading.translate import eos_ids, unsupported
+from ..loading.translate import special_tokens, unsupported
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:
@@ -45,9 +45,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         mamba_inner_norms=True,
         num_experts=experts,
         num_experts_per_tok=hf.get("num_experts_per_tok", 2),
-        bos_token_id=hf.get("bos_token_id", 1),
-        eos_token_id=eos_ids(hf.get("eos_token_id", 2)),
-        pad_token_id=hf.get("pad_token_id", 0),
+        **special_tokens(hf, bos=1, eos=2, pad=0),
     )
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from ...config import HybridConfig
 from ..loading.registry import Family, register
-from ..loading.translate import eos_ids, rope_settings, unsupported
+from ..loading.translate import rope_settings, special_tokens, unsupported
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:
@@ -30,9 +30,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
         attention_bias=hf.get("attention_bias", False),
         mlp_bias=hf.get("mlp_bias", False),
-        bos_token_id=hf.get("bos_token_id", 1),
-        eos_token_id=eos_ids(hf.get("eos_token_id", 2)),
-        pad_token_id=hf.get("pad_token_id"),
+        **special_tokens(hf, bos=1, eos=2, pad=None),
         **rope_settings("llama", hf),
     )
 

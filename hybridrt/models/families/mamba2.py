@@ -7,7 +7,7 @@ from typing import Any
 
 from ...config import HybridConfig
 from ..loading.registry import Family, register
-from ..loading.translate import SSM_MAX_LENGTH, check_silu, check_time_step_limit, eos_ids, unsupported
+from ..loading.translate import SSM_MAX_LENGTH, check_silu, check_time_step_limit, special_tokens, unsupported
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:
@@ -34,9 +34,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         mamba2_groups=hf.get("n_groups", 8),
         mamba2_conv_bias=hf.get("use_conv_bias", True),
         mamba2_proj_bias=hf.get("use_bias", False),
-        bos_token_id=hf.get("bos_token_id", 0),
-        eos_token_id=eos_ids(hf.get("eos_token_id", 2)),
-        pad_token_id=hf.get("pad_token_id", 1),
+        **special_tokens(hf, bos=0, eos=2, pad=1),
     )
 
 

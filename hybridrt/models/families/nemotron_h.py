@@ -15,7 +15,7 @@ from typing import Any
 
 from ...config import HybridConfig
 from ..loading.registry import Family, register
-from ..loading.translate import SSM_MAX_LENGTH, eos_ids, unsupported
+from ..loading.translate import SSM_MAX_LENGTH, special_tokens, unsupported
 
 # layers_block_type entry (or pattern letter) -> (mixer kind, ffn kind)
 KINDS = {
@@ -104,9 +104,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         mamba2_proj_bias=hf.get("use_bias", False),
         mamba2_dt_min=float(_mamba(hf, "mamba_dt_min", "time_step_min", 0.001)),
         mamba2_norm_eps=eps,
-        bos_token_id=hf.get("bos_token_id", 1),
-        eos_token_id=eos_ids(hf.get("eos_token_id", 2)),
-        pad_token_id=hf.get("pad_token_id", 0),
+        **special_tokens(hf, bos=1, eos=2, pad=0),
     )
 
 

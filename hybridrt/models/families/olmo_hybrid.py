@@ -15,7 +15,7 @@ from typing import Any
 
 from ...config import HybridConfig
 from ..loading.registry import Family, Merge, concat, register
-from ..loading.translate import check_silu, eos_ids, rope_settings, unsupported
+from ..loading.translate import check_silu, rope_settings, special_tokens, unsupported
 
 MODEL = "olmo_hybrid"
 KINDS = {"linear_attention": ("gated_delta", "mlp"), "full_attention": ("post_norm_attention", "post_norm_mlp")}
@@ -77,9 +77,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         gdn_split_proj=True,
         gdn_norm_eps=1e-5,  # transformers' OlmoHybridRMSNormGated(eps=1e-5), as FLA's fused norm
         gdn_beta_scale=2.0 if hf.get("linear_allow_neg_eigval", True) else 1.0,
-        bos_token_id=hf.get("bos_token_id"),
-        eos_token_id=eos_ids(hf.get("eos_token_id", 100257)),
-        pad_token_id=hf.get("pad_token_id", 100277),
+        **special_tokens(hf, bos=None, eos=100257, pad=100277),
         **_rope(hf),
     )
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ...config import HybridConfig
 from ..loading.registry import Family, register
-from ..loading.translate import eos_ids, rope_settings, unsupported
+from ..loading.translate import rope_settings, special_tokens, unsupported
 
 KINDS = {"mamba": "mamba2", "linear_attention": "mamba2", "hybrid": "zamba2_hybrid"}
 ACTS = ("gelu", "silu", "relu")
@@ -76,9 +76,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         zamba2_mem_blocks=hf.get("num_mem_blocks", 1),
         zamba2_adapter_rank=rank,
         zamba2_attention_adapter=attention_adapter,
-        bos_token_id=hf.get("bos_token_id", 1),
-        eos_token_id=eos_ids(hf.get("eos_token_id", 2)),
-        pad_token_id=hf.get("pad_token_id", 0),
+        **special_tokens(hf, bos=1, eos=2, pad=0),
         **rope,
     )
 

@@ -26,6 +26,15 @@ def eos_ids(value: Any) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, list | tuple) else (int(value),)
 
 
+def special_tokens(hf: dict[str, Any], bos: int | None, eos: int | None, pad: int | None) -> dict[str, Any]:
+    """The bos, eos (a tuple of ids) and pad token fields, with these defaults."""
+    return {
+        "bos_token_id": hf.get("bos_token_id", bos),
+        "eos_token_id": eos_ids(hf.get("eos_token_id", eos)),
+        "pad_token_id": hf.get("pad_token_id", pad),
+    }
+
+
 def rope_settings(
     model_type: str, hf: dict[str, Any], default_theta: float = 10000.0, handled: tuple[str, ...] = ()
 ) -> dict[str, Any]:
@@ -153,9 +162,7 @@ def mamba_model(model_type: str, hf: dict[str, Any], **changes: Any) -> HybridCo
         mamba_conv_bias=hf.get("use_conv_bias", True),
         mamba_proj_bias=hf.get("use_bias", False),
         mamba_inner_norms=False,
-        bos_token_id=hf.get("bos_token_id", 0),
-        eos_token_id=eos_ids(hf.get("eos_token_id", 0)),
-        pad_token_id=hf.get("pad_token_id", 0),
+        **special_tokens(hf, bos=0, eos=0, pad=0),
     )
     return HybridConfig(**(fields | changes))
 
@@ -203,9 +210,7 @@ def qwen_gdn_fields(model_type: str, hf: dict[str, Any]) -> dict[str, Any]:
         gdn_k_head_dim=hf.get("linear_key_head_dim", 128),
         gdn_v_head_dim=hf.get("linear_value_head_dim", 128),
         gdn_conv_kernel=hf.get("linear_conv_kernel_dim", 4),
-        bos_token_id=hf.get("bos_token_id"),
-        eos_token_id=eos_ids(hf.get("eos_token_id")),
-        pad_token_id=hf.get("pad_token_id"),
+        **special_tokens(hf, bos=None, eos=None, pad=None),
         **rope,
     )
 
@@ -274,9 +279,7 @@ def lfm2_fields(model_type: str, hf: dict[str, Any], heads: int) -> dict[str, An
         "qk_norm": True,
         "conv_kernel": hf.get("conv_L_cache", 3),
         "conv_bias": hf.get("conv_bias", False),
-        "bos_token_id": hf.get("bos_token_id", 1),
-        "eos_token_id": eos_ids(hf.get("eos_token_id", 2)),
-        "pad_token_id": hf.get("pad_token_id", 0),
+        **special_tokens(hf, bos=1, eos=2, pad=0),
         **rope_settings(model_type, hf, default_theta=1000000.0),
     }
 

@@ -16,27 +16,9 @@ import torch
 
 from ..recurrences.delta_scan import gated_delta_scan as _gated_delta_reference
 from . import linear_attention
-from .registry import FusedOp, register
+from .registry import FusedOp, custom_op, register
 
-
-@torch.library.custom_op("hybridrt::gated_delta", mutates_args=())
-def _gated_delta_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    s0: torch.Tensor,
-    chunk: int,
-    max_len: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    o, s = _gated_delta_reference(q, k, v, g, beta, s0, chunk, max_len)
-    return o.contiguous(), s.contiguous()
-
-
-@_gated_delta_op.register_fake
-def _(q, k, v, g, beta, s0, chunk, max_len):  # type: ignore[no-untyped-def]
-    return torch.empty_like(v), torch.empty_like(s0)
+_gated_delta_op = custom_op("gated_delta", _gated_delta_reference, like=(2, 5))
 
 
 def gated_delta(
@@ -52,9 +34,7 @@ def gated_delta(
     fused: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k [b, l, H, K], v [b, l, H, V], g, beta [b, l, H], s0 [b, H, K, V] -> o [b, l, H, V], s [b, H, K, V]."""
-    if fused:
-        return _gated_delta_op(q, k, v, g, beta, s0, chunk, max_len)
-    return _gated_delta_reference(q, k, v, g, beta, s0, chunk, max_len)
+    return (_gated_delta_op if fused else _gated_delta_reference)(q, k, v, g, beta, s0, chunk, max_len)
 
 
 def _translation() -> Callable[..., Any]:

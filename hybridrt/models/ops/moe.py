@@ -25,7 +25,7 @@ import onnx
 import torch
 import torch.nn.functional as F
 
-from .registry import FusedOp, register
+from .registry import FusedOp, custom_op, register
 
 MS_DOMAIN = "com.microsoft"
 
@@ -44,16 +44,7 @@ def moe_reference(
     return (y * weights.unsqueeze(-1)).sum(dim=1)
 
 
-@torch.library.custom_op("hybridrt::moe", mutates_args=())
-def _moe_op(
-    x: torch.Tensor, logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, k: int, renormalize: bool
-) -> torch.Tensor:
-    return moe_reference(x, logits, gate_up, down, k, renormalize).contiguous()
-
-
-@_moe_op.register_fake
-def _(x, logits, gate_up, down, k, renormalize):  # type: ignore[no-untyped-def]
-    return torch.empty_like(x)
+_moe_op = custom_op("moe", moe_reference, like=0)
 
 
 def moe(
@@ -67,9 +58,7 @@ def moe(
     fused: bool = False,
 ) -> torch.Tensor:
     """The experts' weighted sum for each token: x [n, d], logits [n, E] -> [n, d]."""
-    if fused:
-        return _moe_op(x, logits, gate_up, down, k, renormalize)
-    return moe_reference(x, logits, gate_up, down, k, renormalize)
+    return (_moe_op if fused else moe_reference)(x, logits, gate_up, down, k, renormalize)
 
 
 def _translation() -> Callable[..., Any]:

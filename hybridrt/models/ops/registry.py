@@ -11,6 +11,7 @@ torch.onnx translates that into an onnxruntime operator.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,26 @@ FUSED_OPS: dict[str, FusedOp] = {}
 
 def register(op: FusedOp) -> FusedOp:
     FUSED_OPS[op.name] = op
+    return op
+
+
+def custom_op(name: str, reference: Callable[..., Any], like: int | tuple[int, ...]) -> Any:
+    """torch.ops.hybridrt.<name>: `reference` (its signature and annotations are the op's schema)
+    as a custom op that export traces as one node. Its outputs are made contiguous (a custom op
+    returns no view of its inputs); its fake outputs are empty tensors like the inputs at the
+    positions `like` (an int: one output, a tuple: one per output)."""
+
+    def call(*args: Any) -> Any:
+        out = reference(*args)
+        return out.contiguous() if isinstance(like, int) else tuple(t.contiguous() for t in out)
+
+    functools.update_wrapper(call, reference)
+    op = torch.library.custom_op(f"hybridrt::{name}", mutates_args=())(call)
+
+    @op.register_fake
+    def _(*args: Any) -> Any:
+        return torch.empty_like(args[like]) if isinstance(like, int) else tuple(torch.empty_like(args[i]) for i in like)
+
     return op
 
 

@@ -18,7 +18,7 @@ import torch
 
 from ...graphs.edit import constant_value, prune
 from ..recurrences.scan import linear_scan
-from .registry import SCAN_DOMAIN, FusedOp, register
+from .registry import SCAN_DOMAIN, FusedOp, custom_op, register
 
 
 def _scan_reference(
@@ -38,24 +38,7 @@ def _scan_reference(
     return (h * C.unsqueeze(-1)).sum(2), last
 
 
-@torch.library.custom_op("hybridrt::selective_scan", mutates_args=())
-def _selective_scan_op(
-    xdt: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    h0: torch.Tensor,
-    chunk: int,
-    max_len: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    y, h = _scan_reference(xdt, dt, A, B, C, h0, chunk, max_len)
-    return y.contiguous(), h.contiguous()
-
-
-@_selective_scan_op.register_fake
-def _(xdt, dt, A, B, C, h0, chunk, max_len):  # type: ignore[no-untyped-def]
-    return torch.empty_like(xdt), torch.empty_like(h0)
+_selective_scan_op = custom_op("selective_scan", _scan_reference, like=(0, 5))
 
 
 def selective_scan(
@@ -74,9 +57,7 @@ def selective_scan(
 
     xdt = dt x and dt [b, l, H], A [n, H], B, C [b, l, n], h0 [b, n, H] (the graph contract's
     state layout: channels innermost, like A) -> y [b, l, H], h [b, n, H]."""
-    if fused:
-        return _selective_scan_op(xdt, dt, A, B, C, h0, chunk, max_len)
-    return _scan_reference(xdt, dt, A, B, C, h0, chunk, max_len)
+    return (_selective_scan_op if fused else _scan_reference)(xdt, dt, A, B, C, h0, chunk, max_len)
 
 
 def _translation() -> Callable[..., Any]:

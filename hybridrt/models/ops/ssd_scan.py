@@ -20,7 +20,7 @@ import torch
 
 from ..recurrences.scan import ssd_scan as _ssd_reference
 from . import linear_attention
-from .registry import FusedOp, register
+from .registry import FusedOp, custom_op, register
 
 
 def _ssd_packed(
@@ -45,24 +45,7 @@ def _ssd_packed(
     return y.reshape(b, l, H * P), h.transpose(-1, -2)
 
 
-@torch.library.custom_op("hybridrt::ssd_scan", mutates_args=())
-def _ssd_scan_op(
-    xs: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    h0: torch.Tensor,
-    chunk: int,
-    max_len: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    y, h = _ssd_packed(xs, dt, A, B, C, h0, chunk, max_len)
-    return y.contiguous(), h.contiguous()
-
-
-@_ssd_scan_op.register_fake
-def _(xs, dt, A, B, C, h0, chunk, max_len):  # type: ignore[no-untyped-def]
-    return torch.empty_like(xs), torch.empty_like(h0)
+_ssd_scan_op = custom_op("ssd_scan", _ssd_packed, like=(0, 5))
 
 
 def ssd_scan(
@@ -82,9 +65,7 @@ def ssd_scan(
 
     Head h reads x channels h P .. h P + P - 1 and the B and C of group h // (H / G); the
     state layout is the graph contract's. scan.ssd_scan computes it in [b, H, P, n]."""
-    if fused:
-        return _ssd_scan_op(xs, dt, A, B, C, h0, chunk, max_len)
-    return _ssd_packed(xs, dt, A, B, C, h0, chunk, max_len)
+    return (_ssd_scan_op if fused else _ssd_packed)(xs, dt, A, B, C, h0, chunk, max_len)
 
 
 def _translation() -> Callable[..., Any]:
