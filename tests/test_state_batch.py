@@ -20,8 +20,9 @@ import hybridrt
 from hybridrt.errors import GenerationError
 from hybridrt.runtime.bound import BoundStepper
 from hybridrt.runtime.decode import prefill
+from hybridrt.runtime.plain import PlainStepper
 from hybridrt.runtime.sampling import GenerationConfig
-from hybridrt.runtime.state import PlainStepper, Stepper
+from hybridrt.runtime.state import StepOptions, Stepper
 from hybridrt.serve.engine import Engine, EngineConfig, Request, Update
 
 KINDS = ["plain", "host", "device"]
@@ -32,7 +33,7 @@ def stepper_of(model: Any, kind: str, batch: int, capacity: int, ring: int = 1) 
     args = (model.inference_session, model.manifest, batch, capacity)
     if kind == "plain":
         return PlainStepper(*args)
-    stepper = BoundStepper(*args, model.device, ring)
+    stepper = BoundStepper(*args, StepOptions(model.device, ring))
     if kind == "device":  # the device path on the CPU: two sets of every state, none shared
         stepper.on_host = False
         stepper._replace(stepper._arrays())
@@ -247,7 +248,7 @@ def test_float32_kv_stays_on_the_host_beside_states_on_the_device(
         return from_numpy(x)
 
     monkeypatch.setattr(ort.OrtValue, "ortvalue_from_numpy", staticmethod(recorded))
-    stepper = BoundStepper(model.inference_session, model.manifest, 1, 64, ("cuda", 0))
+    stepper = BoundStepper(model.inference_session, model.manifest, 1, 64, StepOptions(("cuda", 0)))
     assert stepper.kv_on_host and not stepper.on_host
     kv_shapes = {tuple(v.shape()) for v in stepper._kv_values}
     fixed_shapes = {tuple(v.shape()) for group in stepper._fixed_values for v in group}
@@ -258,14 +259,17 @@ def test_float32_kv_stays_on_the_host_beside_states_on_the_device(
 
     standard = copy.deepcopy(model.manifest)
     standard.provenance["fused_ops"] = False
-    assert not BoundStepper(model.inference_session, standard, 1, 64, ("cuda", 0)).kv_on_host
+    assert not BoundStepper(model.inference_session, standard, 1, 64, StepOptions(("cuda", 0))).kv_on_host
     plain = model.stepper(1, 64)
     prompt = np.asarray([_prompt(9)], dtype=np.int64)
     assert np.allclose(plain.forward(prompt), stepper.forward(prompt), atol=1e-5)
     want, got = _steps(plain, [7], 5), _steps(stepper, [7], 5)
     assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(want, got))
     # Beam search's reorder: the device states through the Gather session, the host KV in place.
-    two, both = model.stepper(2, 64), BoundStepper(model.inference_session, model.manifest, 2, 64, ("cuda", 0))
+    two, both = (
+        model.stepper(2, 64),
+        BoundStepper(model.inference_session, model.manifest, 2, 64, StepOptions(("cuda", 0))),
+    )
     rows = np.asarray([_prompt(9), _prompt(9, start=20)], dtype=np.int64)
     assert np.allclose(two.forward(rows), both.forward(rows), atol=1e-5)
     for s in (two, both):

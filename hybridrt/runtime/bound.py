@@ -29,6 +29,7 @@ a decode step runs from fixed buffers as a captured CUDA graph (runtime/captured
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ from ..graphs.feeds import NUMPY_DTYPES, state_shape
 from ..graphs.manifest import Manifest
 from .captured_step import CapturedStep
 from .device import Gathers, empty_like, run_options
-from .state import Stepper, _fit, put_row, widened_kv
+from .state import StepOptions, Stepper, _fit, put_row, widened_kv
 
 # KV dtypes that onnxruntime's CUDA GroupQueryAttention reads on the device (see BoundStepper).
 DEVICE_KV_DTYPES = ("float16", "bfloat16")
@@ -49,25 +50,15 @@ class BoundStepper(Stepper):
     """States on the session's device, bound with IO binding (see the module docstring)."""
 
     def __init__(
-        self,
-        session: Any,
-        manifest: Manifest,
-        batch: int,
-        capacity: int,
-        device: tuple[str, int],
-        ring: int = 1,
-        capture: bool = False,
-        length_inputs: tuple[str, ...] = (),
+        self, session: Any, manifest: Manifest, batch: int, capacity: int, options: StepOptions | None = None
     ) -> None:
-        super().__init__(session, manifest, batch, capacity)
-        self.ring: int
-        self.capture = capture
-        self.length_inputs = length_inputs  # attention's lengths as graph inputs (compat.for_graph_capture)
-        if ring < 1:
-            raise ValueError(f"ring must be at least 1 (1: no rewinds, states in place), got {ring}")
-        self.device = device
-        self.on_host = device[0] == "cpu"
-        self.ring = ring
+        super().__init__(session, manifest, batch, capacity, options)
+        o = self.options
+        if o.ring < 1:
+            raise ValueError(f"ring must be at least 1 (1: no rewinds, states in place), got {o.ring}")
+        self.ring: int = o.ring
+        self.capture, self.length_inputs, self.device = o.capture, o.length_inputs, o.device
+        self.on_host = self.device[0] == "cpu"
         self.kv = [s for s in self.pasts if s.is_kv]
         # onnxruntime's CUDA GroupQueryAttention (the fused graphs' attention) takes float16 and
         # bfloat16 only: a float32 (or int8) KV cache is attended by its CPU kernel, so its
@@ -77,7 +68,7 @@ class BoundStepper(Stepper):
         # standard-operator attention (--plain-ops) runs on the device with its KV.
         gqa = bool(manifest.provenance.get("fused_ops", False))
         self.kv_on_host = self.on_host or (gqa and any(s.dtype not in DEVICE_KV_DTYPES for s in self.kv))
-        self.sets = max(ring, 2)  # a state that is not in place is read from one set, written to another
+        self.sets = max(self.ring, 2)  # a state that is not in place is read from one set, written to another
         self.fixed = [s for s in self.pasts if not s.is_kv]
         self.current = 0  # the fixed-state set the next call reads
         self.reserved = batch  # rows the host buffers have room for (>= batch)
@@ -281,27 +272,16 @@ class BoundStepper(Stepper):
         if calls < self.ring:
             return self
         other = BoundStepper(
-            self.session,
-            self.manifest,
-            self.batch,
-            self.capacity,
-            self.device,
-            calls + 1,
-            self.capture,
-            self.length_inputs,
+            self.session, self.manifest, self.batch, self.capacity, replace(self.options, ring=calls + 1)
         )
         other._replace(self._arrays(), self.reserved)  # copies: this stepper's buffers stay its own
         # A later epoch: marks of this stepper name its sets, not the other's, and are refused there.
         other.lengths, other.calls, other.epoch = self.lengths.copy(), self.calls, self.epoch + 1
-        other.floor, other.batched_chunks = self.floor, self.batched_chunks
+        other.floor = self.floor
         return other
 
     def fresh(self, batch: int) -> Stepper:
-        other = BoundStepper(
-            self.session, self.manifest, batch, self.capacity, self.device, self.ring, self.capture, self.length_inputs
-        )
-        other.batched_chunks = self.batched_chunks
-        return other
+        return BoundStepper(self.session, self.manifest, batch, self.capacity, self.options)
 
     def set_row(self, row: int, states: list[np.ndarray], length: int) -> None:
         new = {s.name: x for s, x in zip(self.pasts, states)}

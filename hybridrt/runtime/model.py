@@ -19,10 +19,11 @@ from .chat_session import ChatSession
 from .evaluate import evaluate
 from .fits import check_cache_use, check_rows_fit
 from .input_checks import rows_that_fit
+from .plain import PlainStepper
 from .prefix_cache import StateCache
 from .sampling import GenerationConfig
 from .speculative import Draft, check_draft, speculate
-from .state import PlainStepper, Stepper
+from .state import StepOptions, Stepper
 from .state_files import identity
 from .streaming import Output, TextStream, deadline_after, text_pieces, until
 from .text import Prompts, as_prompts, decode, need_tokenizer, stop_check
@@ -283,21 +284,9 @@ class Model:
         (unless the model was loaded with io_binding=False). `ring`: how many sets of
         fixed-size states it keeps, so that it can rewind ring - 1 calls; with 1 (no rewinds)
         the states that can be are read and written in place (runtime.bound)."""
-        if self.io_binding:
-            stepper: Stepper = BoundStepper(
-                self.inference_session,
-                self.manifest,
-                batch,
-                capacity,
-                self.device,
-                ring,
-                capture=self.cuda_graph,
-                length_inputs=self.length_inputs,
-            )
-        else:
-            stepper = PlainStepper(self.inference_session, self.manifest, batch, capacity)
-        stepper.batched_chunks = self.batched_chunks
-        return stepper
+        options = StepOptions(self.device, ring, self.cuda_graph, self.length_inputs, self.batched_chunks)
+        kind = BoundStepper if self.io_binding else PlainStepper
+        return kind(self.inference_session, self.manifest, batch, capacity, options)
 
     def _speculative(
         self, draft: Model, row: list[int], cfg: GenerationConfig, stats: dec.GenerationStats

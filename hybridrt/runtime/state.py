@@ -13,7 +13,7 @@ Two implementations, one interface:
 
 - BoundStepper (runtime.bound): buffers on the session's device, bound once with IO binding;
   KV written in place, fixed-size states in a ring of sets. The default.
-- PlainStepper: numpy feeds through session.run each call, for comparison and debugging.
+- PlainStepper (runtime.plain): numpy feeds through session.run each call, for comparison and debugging.
 
 Rewinding: KV needs only the lengths set back (positions past a row's length are never
 read, and the next call overwrites them); the fixed-size (conv, SSM) states need their
@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import GenerationError
 from ..graphs.contract import TensorSpec
-from ..graphs.feeds import graph_feeds, zero_states
+from ..graphs.feeds import graph_feeds
 from ..graphs.manifest import Manifest
 
 
@@ -74,16 +74,35 @@ def widened(states: list[np.ndarray]) -> list[np.ndarray]:
     return [(x.astype(np.uint32) << 16).view(np.float32) if x.dtype == np.uint16 else x for x in states]
 
 
+@dataclass(frozen=True)
+class StepOptions:
+    """How a state batch runs its session, fixed when it is made (Model.stepper) and passed on
+    to the batches made from it (`fresh`, `rewinding`).
+
+    device: where the states live (runtime.bound); ring: the sets of fixed-size states kept, so
+    that a batch can rewind ring - 1 calls (1: no rewinds, states in place); capture: decode
+    steps replayed as CUDA graphs, with attention's `length_inputs` as graph inputs
+    (graphs/compat.py); batched_chunks: whether a call of several tokens after a past may hold
+    several rows (not on onnxruntime 1.31's GroupQueryAttention, where prefill runs such rows
+    one at a time)."""
+
+    device: tuple[str, int] = ("cpu", 0)
+    ring: int = 1
+    capture: bool = False
+    length_inputs: tuple[str, ...] = ()
+    batched_chunks: bool = True
+
+
 class Stepper:
     """Runs the graph step by step over carried states; `lengths` [b] counts the tokens each
     row has seen (rows may differ: each is written and read at its own positions)."""
 
     ring: int | None = None  # how many calls back a checkpoint stays valid (None: any)
-    # Whether a call of several tokens after a past may hold several rows: not on onnxruntime
-    # 1.31's GroupQueryAttention (graphs/compat.py), where prefill runs such rows one at a time.
-    batched_chunks: bool = True
 
-    def __init__(self, session: Any, manifest: Manifest, batch: int, capacity: int) -> None:
+    def __init__(
+        self, session: Any, manifest: Manifest, batch: int, capacity: int, options: StepOptions | None = None
+    ) -> None:
+        self.options = options or StepOptions()
         self.session = session
         self.manifest = manifest
         self.batch = batch
@@ -97,6 +116,10 @@ class Stepper:
         # keys and values stay unread).
         self.recurrent = manifest.recurrent
         self.epoch = 0
+
+    @property
+    def batched_chunks(self) -> bool:
+        return self.options.batched_chunks
 
     def _feeds(self, ids: np.ndarray, all_logits: bool, last: int = 1) -> dict[str, np.ndarray]:
         """Graph inputs but the pasts for ids [b, s]; checks and advances the lengths."""
@@ -299,48 +322,3 @@ def _fit(x: np.ndarray, spec: TensorSpec, capacity: int) -> np.ndarray:
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, capacity - x.shape[axis])
     return np.pad(x, widths)
-
-
-class PlainStepper(Stepper):
-    """States as numpy arrays, fed and fetched with session.run each step."""
-
-    def __init__(self, session: Any, manifest: Manifest, batch: int, capacity: int) -> None:
-        super().__init__(session, manifest, batch, capacity)
-        self._states = list(zero_states(self.pasts, batch, self.capacity).values())
-
-    def forward(self, ids: np.ndarray, all_logits: bool = False, last: int = 1) -> np.ndarray:
-        feeds = self._feeds(ids, all_logits, last)
-        feeds.update((s.name, x) for s, x in zip(self.pasts, self._states))
-        logits, *self._states = self.session.run(None, feeds)
-        return logits if all_logits or last > 1 else logits[:, -1]
-
-    # session.run returns new arrays, so a mark keeps references (set_row copies before writing).
-    def _mark(self) -> Any:
-        return list(self._states)
-
-    def _restore(self, data: Any) -> None:
-        self._states = [_fit(x, s, self.capacity) for s, x in zip(self.pasts, data)]
-
-    def grow(self, need: int) -> None:
-        super().grow(need)
-        self._states = [_fit(x, s, self.capacity) for s, x in zip(self.pasts, self._states)]
-
-    def _arrays(self) -> list[np.ndarray]:
-        return self._states
-
-    def _replace(self, states: list[np.ndarray]) -> None:
-        self._states = [np.ascontiguousarray(x) for x in states]
-
-    def fresh(self, batch: int) -> Stepper:
-        other = PlainStepper(self.session, self.manifest, batch, self.capacity)
-        other.batched_chunks = self.batched_chunks
-        return other
-
-    def set_row(self, row: int, states: list[np.ndarray], length: int) -> None:
-        self._states = [x.copy() for x in self._states]  # marks keep the old arrays
-        for s, x, new in zip(self.pasts, self._states, states):
-            x[row] = _fit(new, s, self.capacity)[0]
-        self.lengths[row] = length
-
-    def _reorder(self, index: np.ndarray) -> None:
-        self._states = [x[index] for x in self._states]
