@@ -238,3 +238,28 @@ def test_a_state_read_for_a_peer_counts_no_hit_here_and_depth_reads_nothing(jamb
     assert (cache.stats.lookups, cache.stats.hits, cache.stats.hit_tokens, cache.stats.disk_reads) == before
     assert cache.depth(_prompt(40, seed=4)) == 0
     assert cache.lookup(longer) is not None and cache.stats.hits == before[1] + 1
+
+
+def test_a_bfloat16_state_moves_to_a_peer_as_kept(jamba_onnx: Path) -> None:
+    """Between replicas (deploy/ray_peers.py) a state moves in the form the holder keeps it: a
+    bfloat16 cache sends half the bytes of an exact one, a bfloat16 receiver stores them as they
+    came, and an exact receiver widens them; each then resumes from the same states."""
+    from hybridrt.deploy.ray_peers import received, snapshot_for, state_bytes
+
+    model = hybridrt.load(jamba_onnx)
+    p = _prompt(90)
+    exact, half = model.state_cache(spacing=32), model.state_cache(spacing=32, stored="bfloat16")
+    for cache in (exact, half):
+        model.generate(p, cache=cache, max_new_tokens=4)
+    sent_exact, sent_half = snapshot_for(exact, p + [7], 1), snapshot_for(half, p + [7], 1)
+    assert sent_exact is not None and sent_half is not None and sent_half["length"] == sent_exact["length"]
+    moved = [sum(x.nbytes for x in sent["states"]) for sent in (sent_exact, sent_half)]
+    assert moved[1] < 0.55 * moved[0] and moved == [state_bytes(c, sent_half["length"]) for c in (exact, half)]
+    want = half.lookup(p + [7], counted=False)
+    assert want is not None
+    for receiver in (model.state_cache(stored="bfloat16"), model.state_cache()):
+        snapshot, logits = received(receiver, sent_half)
+        receiver.put((p + [7])[: snapshot.length], snapshot, logits)
+        got = receiver.lookup(p + [7])
+        assert got is not None and got.snapshot.length == want.snapshot.length
+        assert all(np.array_equal(a, b) for a, b in zip(got.snapshot.states, want.snapshot.states))

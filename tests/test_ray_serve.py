@@ -26,7 +26,7 @@ from serving import running, wait_for
 
 import hybridrt
 from hybridrt.deploy.ray_peers import StateDirectory, TransferCost
-from hybridrt.deploy.ray_serve import BLOCK_CHARS, affinity_keys
+from hybridrt.deploy.ray_router import BLOCK_CHARS, affinity_keys
 from hybridrt.graphs.manifest import read_manifest
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -168,11 +168,18 @@ def two_hosts() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def cluster(default_onnx: Path) -> Iterator[str]:
+def request_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cluster's --log-file: each replica writes requests.<replica id>.log beside it."""
+    return tmp_path_factory.mktemp("request-logs") / "requests.log"
+
+
+@pytest.fixture(scope="module")
+def cluster(default_onnx: Path, request_logs: Path) -> Iterator[str]:
     """Two engine replicas of the default model on a cluster of two hosts of 1 CPU each
     (two_hosts), one replica on each, both answering; the front's URL."""
     with two_hosts() as address:
         flags = ("--ray-address", address, "--replicas", "2", "--slots", str(SLOTS), "--cache-mb", "64")
+        flags += ("--log-file", str(request_logs))
         with ray_serve(default_onnx, *flags, "--model-name", "tiny") as (proc, url):
             assert wait_for(lambda: _healthy(url) or proc.poll() is not None, 120), "the Ray app did not come up"
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
@@ -189,6 +196,33 @@ def test_replicas_answer_from_both_hosts(cluster: str) -> None:
         return len(set(nodes.values())) == 2
 
     assert wait_for(both_nodes, 60), f"replicas answered from {len(set(nodes.values()))} node(s)"
+
+
+def test_each_replica_logs_its_requests_in_a_file_of_its_own(cluster: str, request_logs: Path) -> None:
+    answered: dict[str, set[str]] = {}  # replica -> request ids
+
+    def both_replicas() -> bool:
+        r = _complete(cluster, f"{time.monotonic()} a line for the log " * 8)
+        if r.status_code == 200:
+            [rid] = r.headers.get_list("x-request-id")  # one id, the one its replica logged
+            answered.setdefault(r.headers["x-hybridrt-replica"], set()).add(rid)
+        return len(answered) == 2
+
+    assert wait_for(both_replicas, 60)
+    payload = {"model": "tiny", "prompt": "named by its client", "max_tokens": 4}
+    named = httpx.post(f"{cluster}/v1/completions", json=payload, headers={"X-Request-ID": "client-7"}, timeout=60)
+    assert named.status_code == 200 and named.headers.get_list("x-request-id") == ["client-7"]
+    answered[named.headers["x-hybridrt-replica"]].add("client-7")
+
+    def logged() -> bool:
+        for replica, ids in answered.items():
+            path = request_logs.parent / f"requests.{replica}.log"
+            lines = path.read_text().splitlines() if path.exists() else []
+            if not ids <= {json.loads(line)["request_id"] for line in lines}:
+                return False
+        return True
+
+    assert wait_for(logged, 30), (answered, sorted(p.name for p in request_logs.parent.iterdir()))
 
 
 def test_replicas_answer_as_the_server_does(cluster: str, default_onnx: Path) -> None:

@@ -138,7 +138,8 @@ def _add_ray_options(p: argparse.ArgumentParser) -> None:
 def _add_log_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log-file",
-        help="write the per-request JSON lines here (rotated at --log-file-mb, 5 old files kept); default: stderr",
+        help="write the per-request JSON lines here (rotated at --log-file-mb, 5 old files kept; with --ray, one "
+        "file per replica on its host, the replica's id before the suffix); default: stderr",
     )
     p.add_argument("--log-file-mb", type=float, default=100.0, help="size at which --log-file rotates")
     p.add_argument(
@@ -151,6 +152,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ray:
         return _run_on_ray(args)
+    from ..serve.request_log import configure
+
+    configure(args.log_file, int(args.log_file_mb * 2**20))  # under --ray, each replica its own
     serve(app_from_args(args), args.host, args.port, args.log_level)
     return 0
 
@@ -190,11 +194,6 @@ def _ray_options(args: argparse.Namespace) -> tuple[Any, Any]:
         raise GraphError("--ray needs Ray Serve: pip install 'hybridrt[ray]'") from None
     if args.grpc_port is not None:
         raise GraphError("--grpc-port is not served through Ray; drop it or serve without --ray")
-    if args.log_file is not None:  # one rotating file is not shared between replica processes
-        raise GraphError(
-            "--log-file is not used with --ray: each replica writes its request log lines to its own Ray log "
-            "(<ray temp dir>/session_latest/logs/serve/replica_hybridrt_engine_*.log)"
-        )
     if args.ray_cpus is not None and args.ray_address is not None:
         raise GraphError("--ray-cpus sizes the local cluster; a running cluster (--ray-address) has its own CPUs")
     if args.replicas < 1 or (args.max_replicas is not None and args.max_replicas < args.replicas):
@@ -216,6 +215,8 @@ def _ray_options(args: argparse.Namespace) -> tuple[Any, Any]:
         bound=args.slots,
         max_ongoing=args.slots + args.max_queue,
         shutdown_s=args.timeout,
+        log_file=args.log_file,  # one file per replica: a rotating file is not shared between processes
+        log_bytes=int(args.log_file_mb * 2**20),
     )
     return ray_serve, options
 
@@ -278,7 +279,6 @@ def _serve_config(args: argparse.Namespace, default_name: str) -> ServeConfig:
     """The HTTP side's settings, and the request log's destination, from the flags."""
     from ..errors import GraphError
     from ..serve.chat import read_template
-    from ..serve.request_log import configure
 
     template = None if args.chat_template is None else read_template(args.chat_template)
     if args.log_prompts < 0:
@@ -292,7 +292,6 @@ def _serve_config(args: argparse.Namespace, default_name: str) -> ServeConfig:
         except ImportError:
             raise GraphError("--grpc-port needs grpcio: pip install 'hybridrt[grpc]'") from None
         grpc_address = f"{args.host}:{args.grpc_port}"
-    configure(args.log_file, int(args.log_file_mb * 2**20))
     return ServeConfig(
         default_name,
         args.api_key,

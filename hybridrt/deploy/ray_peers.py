@@ -31,7 +31,7 @@ import numpy as np
 
 from ..graphs.contract import state_bytes_per_sequence
 from ..runtime.prefix_cache import StateCache
-from ..runtime.state import Snapshot
+from ..runtime.state import Snapshot, widened
 
 REPLICA_KEY = "replica:"  # a call's routing key naming the one replica it must reach
 KEYS = "hybridrt.prefix_keys"  # scope entries: the request's prefix digests (set by the replica),
@@ -78,8 +78,13 @@ class TransferCost:
 
 
 def state_bytes(cache: StateCache, length: int) -> int:
-    """Bytes of a state after `length` tokens: the fixed-size states plus `length` positions of KV."""
-    return sum(state_bytes_per_sequence(s) * (length if s.is_kv else 1) for s in cache.pasts)
+    """Bytes of a state after `length` tokens as it moves: the fixed-size states plus `length`
+    positions of KV, in the form the cache keeps them (float32 as bfloat16: half)."""
+    halved = cache.stored == "bfloat16"
+    return sum(
+        state_bytes_per_sequence(s) // (2 if halved and s.dtype == "float32" else 1) * (length if s.is_kv else 1)
+        for s in cache.pasts
+    )
 
 
 class PeerStates:
@@ -115,20 +120,28 @@ class PeerStates:
         if got is None:
             return
         seconds = time.perf_counter() - t0
-        length = int(got["length"])
-        states = [np.array(x) for x in got["states"]]  # the object store's arrays are read-only
-        logits = None if got["logits"] is None else np.array(got["logits"])
-        cache.put(list(tokens[:length]), Snapshot(states, length), logits)
-        nbytes = sum(x.nbytes for x in states)
+        nbytes = sum(np.asarray(x).nbytes for x in got["states"])  # as moved
+        snapshot, logits = received(cache, got)
+        cache.put(list(tokens[: snapshot.length]), snapshot, logits)
         self.cost.observe(nbytes, seconds)
-        scope[FETCHED] = {"replica": holder, "tokens": length, "bytes": nbytes, "ms": round(seconds * 1000, 1)}
+        scope[FETCHED] = {"replica": holder, "tokens": snapshot.length, "bytes": nbytes, "ms": round(seconds * 1000, 1)}
+
+
+def received(cache: StateCache, got: dict[str, Any]) -> tuple[Snapshot, np.ndarray | None]:
+    """A holder's answer (snapshot_for) as this cache takes it: arrays of its own (the object
+    store's are read-only), widened to float32 unless this cache keeps bfloat16 too."""
+    states = [np.array(x) for x in got["states"]]
+    if cache.stored != "bfloat16":
+        states = widened(states)
+    return Snapshot(states, int(got["length"])), None if got["logits"] is None else np.array(got["logits"])
 
 
 def snapshot_for(cache: StateCache | None, tokens: list[int], at_least: int) -> dict[str, Any] | None:
     """The holder's side: its deepest state of `tokens` if it covers `at_least` tokens."""
     if cache is None or not cache.enabled:
         return None
-    hit = cache.lookup(tokens, counted=False)  # the receiver counts the hit it resumes from
+    # The receiver counts the hit it resumes from; the state moves as kept (bfloat16: half the bytes).
+    hit = cache.lookup(tokens, counted=False, widen=False)
     if hit is None or hit.snapshot.length < at_least:
         return None
     return {"length": hit.snapshot.length, "states": hit.snapshot.states, "logits": hit.logits}

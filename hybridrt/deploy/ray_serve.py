@@ -7,8 +7,8 @@ flags (its engines, continuous batching and prefix state cache): a request reach
 HTTP request it is, handed to that app in-process (serve/exchange.py), so routes, parsing,
 errors, the API key and the per-request log line (`door`: "ray") are the server's own. The
 `front` ingress reads each request's body, computes the chain of digests of its prompt's
-prefix (affinity_keys), and calls an engine replica through a deployment handle whose router
-(AffinityRouter) sends it to the replica that served the longest of those prefixes, the one
+prefix (ray_router.affinity_keys), and calls an engine replica through a deployment handle whose
+router (ray_router.AffinityRouter) sends it to the replica that served the longest of those prefixes, the one
 holding that conversation's states, unless that replica has `bound` requests or more in hand;
 then, and for a prefix seen nowhere, Ray's own choice (the less loaded of two). A replica
 that dies mid-stream ends the stream with an error event; one that dies before answering is
@@ -18,110 +18,27 @@ from there where that beats prefilling them again (ray_peers.py).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import random
 import signal
 import threading
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-
-from ray.serve.request_router import FIFOMixin, RequestRouter
 
 from ..errors import GraphError
 from ..serve.api_error import ApiError
 from ..serve.exchange import Exchange
 from ..serve.openai import error_event
-from .ray_peers import FETCHED, KEYS, REPLICA_KEY, PeerStates, StateDirectory, handle, header, snapshot_for
+from ..serve.request_log import HEADER, configure
+from .ray_peers import FETCHED, KEYS, PeerStates, StateDirectory, handle, header, snapshot_for
+from .ray_router import affinity_keys
 
-BLOCK_CHARS = 256  # a completions prompt's text is keyed in blocks of this many characters
-BLOCK_TOKENS = 64  # ... a prompt of token ids in blocks of this many ids
 LOOPBACK = "127.0.0.1"
 APP = "hybridrt"  # the Ray Serve application's name
 NOT_LOADED = "a replica could not load its model"
-MAX_KEYS = 200_000  # digests the router remembers (oldest forgotten first)
 # Headers that belong to the front's connection, not to the request the replica answers.
 HOP = {b"host", b"content-length", b"content-type", b"connection", b"transfer-encoding", b"keep-alive"}
-
-
-def affinity_keys(path: str, body: bytes) -> list[str]:
-    """Digests of the request's prompt prefixes, shortest first: one per chat message, or per
-    full block of a completions prompt, each covering everything before it and the model name.
-    A later turn of a conversation repeats the earlier turns, so its chain starts with theirs.
-    A body that is not a completions or chat request has none (Ray's own routing)."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return []
-    if not isinstance(data, dict):
-        return []
-    parts: list[bytes] = []
-    if path.endswith("/chat/completions") and isinstance(data.get("messages"), list):
-        parts = [json.dumps(m, sort_keys=True).encode() for m in data["messages"]]
-    elif path.endswith("/completions"):
-        prompt = data.get("prompt")
-        if isinstance(prompt, str):
-            parts = [prompt[i : i + BLOCK_CHARS].encode() for i in range(0, len(prompt) - BLOCK_CHARS + 1, BLOCK_CHARS)]
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            n = len(prompt) - len(prompt) % BLOCK_TOKENS
-            parts = [json.dumps(prompt[i : i + BLOCK_TOKENS]).encode() for i in range(0, n, BLOCK_TOKENS)]
-    h = hashlib.blake2b(str(data.get("model", "")).encode(), digest_size=16)
-    keys = []
-    for part in parts:
-        h.update(len(part).to_bytes(8, "little") + part)
-        keys.append(h.hexdigest())
-    return keys
-
-
-# --- the router (runs in the front's process, inside its deployment handle) --------------------
-
-
-class AffinityRouter(FIFOMixin, RequestRouter):  # type: ignore[misc]
-    """The replica that served the longest known prefix of the request, if it has fewer than
-    `bound` requests in hand (then the others as a second choice); otherwise two replicas at
-    random, of which Ray takes the one with fewer requests in hand."""
-
-    def initialize_state(self, bound: int = 8, **kwargs: Any) -> None:
-        super().initialize_state(**kwargs)
-        self.bound = bound
-        self.holders: OrderedDict[str, Any] = OrderedDict()  # prefix digest -> replica id
-
-    async def choose_replicas(self, candidate_replicas: list[Any], pending_request: Any = None) -> list[list[Any]]:
-        keys = _keys(pending_request)
-        if keys and keys[0].startswith(REPLICA_KEY):  # a call for one replica (ray_peers: its states)
-            named = [r for r in candidate_replicas if str(r.replica_id.unique_id) == keys[0][len(REPLICA_KEY) :]]
-            return [named or candidate_replicas]  # gone: another one answers that it is not the one
-        by_id = {r.replica_id: r for r in candidate_replicas}
-        for key in reversed(keys):
-            holder = by_id.get(self.holders.get(key))
-            if holder is None:
-                continue
-            rest = [r for r in candidate_replicas if r is not holder]
-            in_hand = self.replica_queue_len_cache.get(holder.replica_id)
-            if in_hand is not None and in_hand >= self.bound and rest:
-                return [random.sample(rest, min(2, len(rest))), [holder]]  # busy: prefill elsewhere
-            return [[holder], rest] if rest else [[holder]]
-        return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
-
-    def on_request_routed(self, pending_request: Any, replica_id: Any, result: Any) -> None:
-        for key in [k for k in _keys(pending_request) if not k.startswith(REPLICA_KEY)]:
-            self.holders[key] = replica_id
-            self.holders.move_to_end(key)
-        while len(self.holders) > MAX_KEYS:
-            self.holders.popitem(last=False)
-
-    def on_replica_actor_died(self, replica_id: Any) -> None:
-        super().on_replica_actor_died(replica_id)
-        for key in [k for k, v in self.holders.items() if v == replica_id]:
-            del self.holders[key]
-
-
-def _keys(pending_request: Any) -> list[str]:
-    args = getattr(pending_request, "args", None) or ()
-    return list(args[0]) if args and isinstance(args[0], list) else []
 
 
 # --- the deployments -------------------------------------------------------------------------
@@ -131,12 +48,13 @@ class EngineReplica:
     """One replica: the server's app, built by `make_app` (commands/serve.app_from_args over
     the command's flags), answering requests handed to it whole."""
 
-    def __init__(self, make_app: Callable[[], Any], directory: Any = None) -> None:
+    def __init__(self, make_app: Callable[[], Any], directory: Any = None, log: tuple[str, int] | None = None) -> None:
         import ray
         from ray import serve
 
-        self.app = make_app()
         self.name = str(serve.get_replica_context().replica_id.unique_id)
+        configure(*((replica_log(log[0], self.name), log[1]) if log else ()))  # no file: stderr, its Ray log
+        self.app = make_app()
         self.node = ray.get_runtime_context().get_node_id()
         # With a state directory (the affinity router's), states move here from other replicas.
         self.peers = None if directory is None else PeerStates(self.name, directory, lambda: handle("engine", APP))
@@ -204,7 +122,8 @@ class Front:
             head = await stream.__anext__()
         except Exception as e:  # the replica died before it answered
             return error_response(_gone(f"the replica serving this request stopped before it answered ({e})"))
-        out = {k: v for k, v in head["headers"].items() if k not in {"content-length", "transfer-encoding"}}
+        # Ray's proxy answers with the request's x-request-id (the one the replica logged) itself.
+        out = {k: v for k, v in head["headers"].items() if k not in {"content-length", "transfer-encoding", HEADER}}
         out["x-hybridrt-replica"], out["x-hybridrt-replica-pid"] = head["replica"], str(head["pid"])
         out["x-hybridrt-replica-node"] = head["node"]
         if head.get("state_from"):
@@ -247,6 +166,10 @@ class RayOptions:
     bound: int = 8  # requests in hand past which affinity gives way
     max_ongoing: int = 72  # requests a replica takes before Ray queues them (slots + queue)
     shutdown_s: float = 600.0  # a draining replica's time to finish its streams
+    # Each replica's request log lines (serve.request_log) in a file of its own on its host,
+    # `<log_file>` with the replica's id before the suffix, rotated at log_bytes; None: its Ray log.
+    log_file: str | None = None
+    log_bytes: int = 100 << 20
 
 
 def application(make_app: Callable[[], Any], options: RayOptions) -> Any:
@@ -268,7 +191,7 @@ def application(make_app: Callable[[], Any], options: RayOptions) -> Any:
         from ray.serve.config import RequestRouterConfig
 
         scaling["request_router_config"] = RequestRouterConfig(
-            request_router_class=f"{__name__}:AffinityRouter",  # type: ignore[arg-type]
+            request_router_class="hybridrt.deploy.ray_router:AffinityRouter",  # type: ignore[arg-type]
             request_router_kwargs={"bound": options.bound},
         )
     engine = serve.deployment(
@@ -281,10 +204,17 @@ def application(make_app: Callable[[], Any], options: RayOptions) -> Any:
         **scaling,
     )(EngineReplica)
     front = serve.deployment(name="front", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096)(Front)
+    log = None if options.log_file is None else (options.log_file, options.log_bytes)
     if options.router != "affinity" or not options.state_moves:  # calls name their replica only with affinity
-        return front.bind(engine.bind(make_app))
+        return front.bind(engine.bind(make_app, None, log))
     directory = serve.deployment(name="states", ray_actor_options={"num_cpus": 0})(StateDirectory)
-    return front.bind(engine.bind(make_app, directory.bind()))
+    return front.bind(engine.bind(make_app, directory.bind(), log))
+
+
+def replica_log(path: str, replica: str) -> str:
+    """A replica's own request log file: `path` with the replica's id before its suffix."""
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.{replica}{p.suffix}"))
 
 
 def _deployment_message() -> str:

@@ -11,8 +11,7 @@ on the same directory finds them again. Files live under the model's identity (a
 file the export lists and of its state specs): another model never reads them. A directory
 that cannot be written turns the disk tier off with a warning; no request fails for it.
 States are exact by default; `stored="bfloat16"` (opt-in, apart on disk) halves float32 ones'
-bytes, a resumed request then close to a cold one (scripts/bench_state_dtype.py: how close).
-"""
+bytes, a resumed request then close to a cold one (scripts/bench_state_dtype.py: how close)."""
 
 from __future__ import annotations
 
@@ -150,12 +149,15 @@ class StateCache:
         parts += [common_prefix(tokens, o) for o in others]
         return marks(len(tokens), start, True, self.spacing, self.state_bytes, self.seconds_per_token, parts)
 
-    def lookup(self, tokens: Sequence[int], whole: bool = False, counted: bool = True) -> Hit | None:
+    def lookup(
+        self, tokens: Sequence[int], whole: bool = False, counted: bool = True, widen: bool = True
+    ) -> Hit | None:
         """The deepest stored state to resume `tokens` from: one whose prefix they start with,
         leaving at least one token to feed unless its logits are stored; for a model without
         recurrent state, also any longer stored prefix cut to where it agrees. `whole`: only a
         state of all of `tokens` with its logits (nothing left to prefill). counted=False: a
-        state read for another cache (a peer replica's), which counts its own hit."""
+        state read for another cache (a peer replica's), which counts its own hit; widen=False:
+        as stored (bfloat16 bits where `stored` is bfloat16, which `put` takes as they are)."""
         if not self.enabled or not tokens:
             return None
         with self.lock:
@@ -176,7 +178,7 @@ class StateCache:
                 if read is None:
                     continue
                 states, logits = read
-                if self.stored == "bfloat16":
+                if self.stored == "bfloat16" and widen:
                     states = widened(states)
                 if length < entry.length:  # KV only: cut to the agreeing prefix
                     states = [_fit(x, s, length) for s, x in zip(self.pasts, states)]
