@@ -39,6 +39,7 @@ MODES = [
     ("int4", "rtn", "MatMulNBits"),
     ("int4", "hqq", "MatMulNBits"),
     ("int4", "gptq", "MatMulNBits"),
+    ("int4", "awq", "MatMulNBits"),
     ("int8-weight", "rtn", "MatMulNBits"),
 ]
 
@@ -259,7 +260,8 @@ def test_errors_write_nothing(jamba_onnx: Path, text_file: Path, tmp_path: Path)
         ({"mode": "int8-static", "calibration": [tmp_path / "missing.txt"]}, "not found"),
         ({"mode": "int3"}, "unknown mode"),
         ({"mode": "int8-weight", "algo": "hqq", "calibration": [text_file]}, "unknown algorithm"),
-        ({"mode": "int4", "algo": "awq", "calibration": [text_file]}, "unknown algorithm"),
+        ({"mode": "int8-weight", "algo": "awq", "calibration": [text_file]}, "unknown algorithm"),
+        ({"mode": "int4", "algo": "awq", "eval_text": text_file}, "calibration"),
         ({"mode": "int8-weight", "algo": "mse", "eval_text": text_file}, "unknown algorithm"),
         ({"mode": "int8-dynamic"}, "needs held-out text"),
         ({"mode": "int8-dynamic", "symmetric": True, "eval_text": text_file}, "weight-only modes"),
@@ -358,3 +360,35 @@ def test_bench_compares_float_and_quantized(
     assert lines[2].split()[1:4] == ["float", f"{rows[0]['graph_bytes'] / 1e6:.1f}", "1.00x"]
     assert main([*args, "--repeats", "0"]) == 2
     assert "--repeats must be >= 1" in capsys.readouterr().err
+
+
+def test_awq_scales_the_channels_that_matter_and_divides_the_inputs_back(
+    jamba_onnx: Path, text_file: Path, tmp_path: Path
+) -> None:
+    """--algo awq: on activations with a few large channels, the searched channel scales leave
+    less output error than plain rounding (alpha 0), and never more; the written graph divides
+    each quantized node's input by its scales (one Mul) and stays close to the float model."""
+    from hybridrt.quantization import awq
+
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(128, 64)).astype(np.float32)
+    magnitude = np.where(np.arange(128) % 16 == 0, 30.0, 1.0).astype(np.float32)  # outlier channels
+    x = rng.normal(size=(256, 128)).astype(np.float32) * magnitude
+    s, alpha = awq.channel_scales(weight, np.abs(x).mean(0), x, 32)
+    plain = np.square(x @ weight - x @ awq.rtn_blocks(weight, 32)).sum()
+    scaled = np.square(x @ weight - (x / s) @ awq.rtn_blocks(weight * s[:, None], 32)).sum()
+    assert alpha > 0 and scaled < 0.8 * plain
+    even = rng.normal(size=(256, 128)).astype(np.float32)  # nothing to favour: no worse than alpha 0
+    s, _ = awq.channel_scales(weight, np.abs(even).mean(0), even, 32)
+    plain = np.square(even @ weight - even @ awq.rtn_blocks(weight, 32)).sum()
+    assert np.square(even @ weight - (even / s) @ awq.rtn_blocks(weight * s[:, None], 32)).sum() <= plain
+
+    out = exports.quantized(jamba_onnx, "int4", calibration=[text_file], algo="awq", **SMALL)
+    graph = onnx.load(str(out / "model.onnx"))
+    producers = {o: n for n in graph.graph.node for o in n.output}
+    quantized = read_manifest(out).quantization
+    assert quantized is not None and quantized["algo"] == "awq" and quantized["symmetric"] is True
+    nodes = [n for n in graph.graph.node if n.op_type == "MatMulNBits" and n.name.startswith("/model/layers")]
+    assert nodes and all(producers[n.input[0]].op_type == "Mul" for n in nodes)
+    assert all(awq.SUFFIX in producers[n.input[0]].name for n in nodes)
+    assert quantized["report"]["mean_kl"] < 1e-3

@@ -50,7 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "4-bit block's scale for the least squared error, in symmetric blocks (closer to float than rtn's zero "
         "points, and the faster symmetric kernel); rtn rounds to nearest, with zero points unless --symmetric. "
         "hqq's float zero points have no int8 kernel in onnxruntime's CPU MatMulNBits: closer to float, several "
-        "times slower there",
+        "times slower there. awq (with --calibration) scales each weight's input channels by its activations on "
+        "the text before mse's search, and divides the inputs back (one Mul a node)",
     )
     p.add_argument(
         "--block-size",

@@ -2,8 +2,8 @@
 quality gates, chosen by measurement on this machine, and the decision kept as a plan.
 
 1. Candidates: weight modes (int8-dynamic, int8-weight, int4 with the mse and rtn algorithms at
-   blocks of 32 and 64), each also with an int8 KV cache where the model has attention; the
-   float source itself is one too.
+   blocks of 32 and 64, and awq at 32 with calibration text), each also with an int8 KV cache
+   where the model has attention; the float source itself is one too.
 2. Budget: a candidate's bytes are its weights plus the states and KV of `context` tokens for
    `batch` sequences (from the manifest's state sizes, KV at the candidate's dtype). Weights are
    estimated before building from the source graph's quantizable matrices (quantization.selection),
@@ -40,6 +40,7 @@ OBJECTIVES = ("decode", "prefill", "size")
 WEIGHT_CANDIDATES: tuple[dict[str, Any], ...] = (
     {"mode": "int4", "algo": "mse", "block_size": 32},
     {"mode": "int4", "algo": "mse", "block_size": 64},
+    {"mode": "int4", "algo": "awq", "block_size": 32},
     {"mode": "int4", "algo": "rtn", "block_size": 32},
     {"mode": "int8-weight", "algo": "rtn", "block_size": 32},
     {"mode": "int8-dynamic"},

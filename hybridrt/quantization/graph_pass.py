@@ -16,8 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import methods, rewrites
-from .modes import INT8_BLOCK, WEIGHT_BITS, QuantConfig
+from ..errors import QuantizationError
+from . import awq, methods, rewrites
+from .modes import INT8_BLOCK, SEARCHED, WEIGHT_BITS, QuantConfig
 from .moe import moe_nodes, quantize_moe
 from .selection import NodeSelection
 from .vocab import quantize_vocab
@@ -65,7 +66,7 @@ def _quantizers(
         bits = 4 if cfg.mode == "int4" else 8
         block = cfg.block_size if cfg.mode in WEIGHT_BITS else INT8_BLOCK
         quantize_moe(
-            model.graph, sorted(experts), bits, block, cfg.symmetric, cfg.accuracy_level, cfg.resolved_algo == "mse"
+            model.graph, sorted(experts), bits, block, cfg.symmetric, cfg.accuracy_level, cfg.resolved_algo in SEARCHED
         )
         selection = dataclasses.replace(selection, quantize=[n for n in selection.quantize if n not in experts])
         if not selection.quantize:
@@ -79,7 +80,14 @@ def _quantizers(
         if cfg.mode == "int8-dynamic":
             return methods.int8_dynamic(model, work, selection.quantize, external)
         bits, algo = WEIGHT_BITS[cfg.mode], cfg.resolved_algo or "rtn"
+        divisions, outputs = {}, {n.name: n.output[0] for n in model.graph.node}
+        if algo == "awq":  # the weights' input channels scaled, then their blocks searched as mse's
+            if reader is None:
+                raise QuantizationError("AWQ calibrates on text: give --calibration FILE")
+            divisions = awq.scale_weights(model, selection.quantize, cfg.block_size, reader, work, external)
+            algo = "mse"
         model = methods.weight_only(model, bits, algo, cfg.block_size, selection.quantize, reader, cfg.symmetric)
+        awq.divide_inputs(model.graph, outputs, divisions)
         rewrites.fold_biases(model.graph)
         return rewrites.set_accuracy_level(model, cfg.accuracy_level)
     finally:

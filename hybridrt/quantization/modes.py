@@ -21,7 +21,9 @@ MODES = {
 # Weight-only algorithms per mode. HQQ's float zero points have no 8-bit CPU kernel
 # (MatMulNBits rejects them), so int8-weight offers RTN and GPTQ only; mse searches the scale
 # of symmetric 4-bit blocks (quantization.search).
-ALGOS = {"int4": ("rtn", "mse", "hqq", "gptq"), "int8-weight": ("rtn", "gptq")}
+# awq scales each weight's input channels by its activations before mse's search (quantization.awq).
+ALGOS = {"int4": ("rtn", "mse", "hqq", "gptq", "awq"), "int8-weight": ("rtn", "gptq")}
+SEARCHED = ("mse", "awq")  # the algorithms whose 4-bit blocks' scales are searched (symmetric)
 CALIB_METHODS = ("minmax", "entropy", "percentile")
 WEIGHT_BITS = {"int8-static": 8, "int8-dynamic": 8, "int4": 4, "int8-weight": 8, "float16": 16, "none": 32}
 # --kv-dtype: the attention layers' KV buffers (quantization.kv_cache)
@@ -78,7 +80,7 @@ class QuantConfig:
     def __post_init__(self) -> None:
         # mse's blocks are symmetric: the search picks a scale, no zero point. (A mode or algo of
         # the wrong type is left for validate() to name.)
-        if isinstance(self.mode, str) and isinstance(self.algo, str | None) and self.resolved_algo == "mse":
+        if isinstance(self.mode, str) and isinstance(self.algo, str | None) and self.resolved_algo in SEARCHED:
             object.__setattr__(self, "symmetric", True)
 
     @classmethod
@@ -113,7 +115,7 @@ class QuantConfig:
     @property
     def needs_calibration(self) -> bool:
         """Whether the mode's weight quantizer needs calibration feeds (onnxruntime's reader)."""
-        return self.mode == "int8-static" or self.resolved_algo == "gptq"
+        return self.mode == "int8-static" or self.resolved_algo in ("gptq", "awq")
 
     @property
     def needs_text(self) -> bool:
