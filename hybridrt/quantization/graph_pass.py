@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import QuantizationError
-from . import awq, methods, rewrites
+from . import methods, rewrites
 from .modes import INT8_BLOCK, SEARCHED, WEIGHT_BITS, QuantConfig
 from .moe import moe_nodes, quantize_moe
 from .selection import NodeSelection
@@ -80,14 +80,17 @@ def _quantizers(
         if cfg.mode == "int8-dynamic":
             return methods.int8_dynamic(model, work, selection.quantize, external)
         bits, algo = WEIGHT_BITS[cfg.mode], cfg.resolved_algo or "rtn"
-        divisions, outputs = {}, {n.name: n.output[0] for n in model.graph.node}
         if algo == "awq":  # the weights' input channels scaled, then their blocks searched as mse's
+            from . import awq
+
             if reader is None:
                 raise QuantizationError("AWQ calibrates on text: give --calibration FILE")
+            outputs = {n.name: n.output[0] for n in model.graph.node}
             divisions = awq.scale_weights(model, selection.quantize, cfg.block_size, reader, work, external)
-            algo = "mse"
-        model = methods.weight_only(model, bits, algo, cfg.block_size, selection.quantize, reader, cfg.symmetric)
-        awq.divide_inputs(model.graph, outputs, divisions)
+            model = methods.weight_only(model, bits, "mse", cfg.block_size, selection.quantize, None, True)
+            awq.divide_inputs(model.graph, outputs, divisions)
+        else:
+            model = methods.weight_only(model, bits, algo, cfg.block_size, selection.quantize, reader, cfg.symmetric)
         rewrites.fold_biases(model.graph)
         return rewrites.set_accuracy_level(model, cfg.accuracy_level)
     finally:
