@@ -16,8 +16,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -322,3 +324,60 @@ def test_the_local_cluster_size_is_refused_with_a_running_cluster(default_onnx: 
     argv = [sys.executable, "-c", CLI, "serve", str(default_onnx), "--ray", "--ray-cpus", "2", "--ray-address", "auto"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--ray-cpus sizes the local cluster" in done.stderr
+
+
+def test_autoscaling_adds_a_replica_under_load_and_drains_it_after(default_onnx: Path) -> None:
+    """--replicas 1 --max-replicas 2 on a local cluster of 2 CPUs: concurrent streams past the
+    target of ongoing requests bring a second replica (answers come from two processes), and
+    once the load falls back to one client one replica is scaled down (its process ends, the
+    other answers); every request of the whole cycle, those running while it drained included,
+    is answered in full."""
+    flags = ("--replicas", "1", "--max-replicas", "2", "--target-ongoing", "1", "--replica-cpus", "1")
+    flags += ("--slots", "2", "--model-name", "tiny")
+    pids: dict[str, int] = {}  # replica -> its process
+    failed: list[str] = []
+    heavy, done = threading.Event(), threading.Event()
+
+    def client(i: int) -> None:
+        n = 0
+        while not done.is_set():
+            if i and not heavy.is_set():  # client 0 keeps asking throughout, the others under load only
+                time.sleep(0.1)
+                continue
+            n += 1
+            payload = {"model": "tiny", "prompt": f"{i} {n} streams " * 12, "max_tokens": 48, "stream": True}
+            try:
+                with httpx.stream("POST", f"{url}/v1/completions", json=payload, timeout=60) as r:
+                    events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+                errors = [e for e in events[:-1] if "error" in json.loads(e)]
+                if r.status_code != 200 or errors or events[-1:] != ["[DONE]"]:
+                    failed.append(f"{r.status_code}: {events[-2:]}")
+                else:
+                    pids[r.headers["x-hybridrt-replica"]] = int(r.headers["x-hybridrt-replica-pid"])
+            except httpx.HTTPError as e:
+                failed.append(repr(e))
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    with ray_serve(default_onnx, *flags) as (proc, url):
+        assert wait_for(lambda: _healthy(url) or proc.poll() is not None, 120), "the Ray app did not come up"
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        with ThreadPoolExecutor(6) as pool:
+            clients = [pool.submit(client, i) for i in range(6)]
+            heavy.set()
+            assert wait_for(lambda: len(pids) == 2, 90), f"no second replica under load: {pids}"
+            heavy.clear()  # one client left: a replica drains and goes
+            two = dict(pids)
+            assert wait_for(lambda: sum(map(alive, two.values())) == 1, 120), "no replica was scaled down"
+            [survivor] = [r for r, pid in two.items() if alive(pid)]
+            after = {_complete(url, f"{i} after the load " * 6).headers["x-hybridrt-replica"] for i in range(6)}
+            done.set()
+            for c in clients:
+                c.result()
+    assert after == {survivor}
+    assert not failed, failed[:3]
