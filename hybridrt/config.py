@@ -28,7 +28,7 @@ ROPE_TYPES = ("default", "linear", "llama3")
 # model_type -> the frozen dataclass of that family's own parameters (registry.register fills it)
 FAMILY_PARAMS: dict[str, type] = {}
 P = TypeVar("P")
-_TUPLES = ("layer_types", "ffn_types", "eos_token_id", "ssm_multipliers", "mlp_multipliers")
+_TUPLES = ("layer_types", "ffn_types", "eos_token_id")
 
 
 def kind_params_classes() -> dict[str, type]:
@@ -101,16 +101,6 @@ class HybridConfig:
     num_experts: int = 1
     num_experts_per_tok: int = 1
     moe_renormalize: bool = False  # top-k weights rescaled to sum to 1 (Granite); Jamba keeps them
-    # Falcon-H1 (kind "parallel_hybrid", FFN "scaled_mlp"): muP multipliers; defaults change nothing.
-    attention_in_multiplier: float = 1.0  # on the attention's input
-    attention_out_multiplier: float = 1.0  # on the attention's output
-    ssm_in_multiplier: float = 1.0  # on the Mamba2 mixer's input
-    ssm_out_multiplier: float = 1.0  # on the Mamba2 mixer's output
-    ssm_multipliers: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0)  # on in_proj's z, x, B, C, dt parts
-    mlp_multipliers: tuple[float, ...] = (1.0, 1.0)  # on the gate projection and on the MLP's output
-    mamba2_gated_norm: bool = True  # False: y * silu(z) with no RMSNorm (Falcon-H1 mamba_rms_norm false)
-    mamba2_norm_before_gate: bool = False  # True: RMSNorm(y) * silu(z) (Falcon-H1 mamba_norm_before_gate)
-    mamba2_out_bias: bool = False  # bias of the Mamba2 out_proj (Falcon-H1 projectors_bias)
     # LFM2-MoE (FFN "sigmoid_moe"): sigmoid router, selection-only expert bias, scaled weights.
     moe_intermediate_size: int = 0  # each routed expert's size (also Qwen3-Next); 0 = intermediate_size
     moe_expert_bias: bool = False  # a per-expert bias added to the scores for the top-k choice only

@@ -98,6 +98,22 @@ class GatedDeltaParams:
         return 2 * self.gdn_k_heads * self.gdn_k_head_dim + self.gdn_v_heads * self.gdn_v_head_dim
 
 
+@dataclass(frozen=True)
+class ParallelHybridParams:
+    """Kind `parallel_hybrid` (Falcon-H1), with the `scaled_mlp` feed-forward that goes with it:
+    muP multipliers, whose defaults change nothing, and its Mamba2 variant."""
+
+    attention_in_multiplier: float = 1.0  # on the attention's input
+    attention_out_multiplier: float = 1.0  # on the attention's output
+    ssm_in_multiplier: float = 1.0  # on the Mamba2 mixer's input
+    ssm_out_multiplier: float = 1.0  # on the Mamba2 mixer's output
+    ssm_multipliers: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0)  # on in_proj's z, x, B, C, dt parts
+    mlp_multipliers: tuple[float, ...] = (1.0, 1.0)  # scaled_mlp: on the gate projection and on the output
+    mamba2_gated_norm: bool = True  # False: y * silu(z) with no RMSNorm (mamba_rms_norm false)
+    mamba2_norm_before_gate: bool = False  # True: RMSNorm(y) * silu(z) (mamba_norm_before_gate)
+    mamba2_out_bias: bool = False  # bias of the Mamba2 out_proj (projectors_bias)
+
+
 LAYER_KINDS: dict[str, LayerKind] = {}
 FFN_KINDS: dict[str, str | None] = {}
 
@@ -164,6 +180,7 @@ register_kind(
         (KEY, VALUE, MAMBA2_CONV, MAMBA2_SSM),
         "Falcon-H1: attention and a Mamba2 mixer side by side on the same input, outputs summed",
         attention=True,
+        params=ParallelHybridParams,
     )
 )
 register_kind(

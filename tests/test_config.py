@@ -128,3 +128,24 @@ def test_a_kind_and_a_family_from_outside_own_their_parameters(toy_params: None)
     assert kept.family_params == {"toy_scale": 0.5, "toy_tags": ["a"]}  # kept as it was read
     assert kept.to_dict()["family_params"] == data["family_params"]
     FAMILY_PARAMS["toy_family"] = ToyFamilyParams
+
+
+def test_falcon_h1_multipliers_are_the_parallel_hybrid_kinds_and_older_flat_files_load() -> None:
+    """Falcon-H1's multipliers and Mamba2 variant belong to its layer kind (kinds.ParallelHybridParams),
+    not to every config; a manifest written when they were fields of their own loads into them."""
+    from hybridrt.kinds import ParallelHybridParams
+
+    cfg = HybridConfig.make(
+        **BASE,
+        layer_types=("parallel_hybrid",),
+        ffn_types=("scaled_mlp",),
+        ssm_multipliers=(0.5, 1.0, 1.5, 2.0, 0.25),
+        mlp_multipliers=(0.8, 1.2),
+        mamba2_out_bias=True,
+    )
+    p = cfg.params(ParallelHybridParams)
+    assert p.ssm_multipliers == (0.5, 1.0, 1.5, 2.0, 0.25) and p.mlp_multipliers == (0.8, 1.2) and p.mamba2_out_bias
+    assert not hasattr(cfg, "ssm_multipliers") and "mlp_multipliers" not in _gdn().to_dict()
+    flat = {k: v for k, v in cfg.to_dict().items() if k != "kind_params"}
+    flat |= dataclasses.asdict(p)  # as an older manifest wrote them, lists from JSON
+    assert HybridConfig.from_dict(json.loads(json.dumps(flat))) == cfg

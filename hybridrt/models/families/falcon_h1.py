@@ -48,7 +48,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         raise unsupported(MODEL, "mamba_n_groups", groups, "a divisor of mamba_n_heads")
     key_multiplier = _scalar(hf, "key_multiplier")
     rms_norm = hf.get("mamba_rms_norm", False)
-    return HybridConfig(
+    return HybridConfig.make(  # the multipliers and the Mamba2 variant: kinds.ParallelHybridParams
         model_type=MODEL,
         vocab_size=hf.get("vocab_size", 128000),
         hidden_size=d,

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...config import HybridConfig
+from ...kinds import ParallelHybridParams
 from ..context import MixerContext
 from ..layers import MLP, Attention
 from ..ops import causal_conv
@@ -49,16 +50,16 @@ class FalconH1Mamba(Mamba2Mixer):
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__(cfg, layer, shared)
-        di, gn = self.d_inner, self.G * self.n
-        self.out_proj = nn.Linear(di, cfg.hidden_size, bias=cfg.mamba2_out_bias)
-        self.gated_norm = cfg.mamba2_gated_norm
+        di, gn, p = self.d_inner, self.G * self.n, cfg.params(ParallelHybridParams)
+        self.out_proj = nn.Linear(di, cfg.hidden_size, bias=p.mamba2_out_bias)
+        self.gated_norm = p.mamba2_gated_norm
         # `norm` keeps its checkpoint name: none (no weight), or normalizing before the gate
-        if not cfg.mamba2_gated_norm:
+        if not p.mamba2_gated_norm:
             self.add_module("norm", nn.Identity())
-        elif cfg.mamba2_norm_before_gate:
+        elif p.mamba2_norm_before_gate:
             self.add_module("norm", GroupRMSNormThenGate(di, di // self.G, cfg.rms_norm_eps))
-        self.in_multiplier = cfg.ssm_in_multiplier
-        mz, mx, mb, mc, mdt = cfg.ssm_multipliers
+        self.in_multiplier = p.ssm_in_multiplier
+        mz, mx, mb, mc, mdt = p.ssm_multipliers
         parts = [(di, mz), (di, mx), (gn, mb), (gn, mc), (self.H, mdt)]
         mup = torch.cat([torch.full((size,), float(m)) for size, m in parts])  # [d_ssm + conv_dim + H]
         self.mup: torch.Tensor
@@ -92,8 +93,12 @@ class ParallelHybrid(nn.Module):
         super().__init__()
         self.self_attn = Attention(cfg, layer, shared)
         self.mamba = FalconH1Mamba(cfg, layer, shared)
-        self.attn_in, self.attn_out = cfg.attention_in_multiplier, cfg.attention_out_multiplier
-        self.ssm_out = cfg.ssm_out_multiplier
+        p = cfg.params(ParallelHybridParams)
+        self.attn_in, self.attn_out, self.ssm_out = (
+            p.attention_in_multiplier,
+            p.attention_out_multiplier,
+            p.ssm_out_multiplier,
+        )
 
     def forward(
         self,
@@ -114,7 +119,7 @@ class ScaledMLP(MLP):
 
     def __init__(self, cfg: HybridConfig, layer: int = 0) -> None:
         super().__init__(cfg, layer)
-        self.m_gate, self.m_down = cfg.mlp_multipliers
+        self.m_gate, self.m_down = cfg.params(ParallelHybridParams).mlp_multipliers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.up_proj(x) * self.act(self.gate_proj(x) * self.m_gate)) * self.m_down
