@@ -77,9 +77,6 @@ class HybridConfig:
     mamba_dt_rank: int = 0
     mamba_conv_bias: bool = True
     mamba_proj_bias: bool = False
-    mamba_inner_norms: bool = False  # Jamba's RMSNorms on dt, B and C
-    mamba_inner_norm_weights: bool = True  # False: Falcon-Mamba's weightless norms
-    mamba_inner_norm_eps: float | None = None  # None: rms_norm_eps
     # Mamba2 (SSD, Dao & Gu 2024); d_state and d_conv are shared with Mamba1 above.
     mamba2_heads: int = 0
     mamba2_head_dim: int = 64
@@ -114,12 +111,6 @@ class HybridConfig:
     moe_groups: int = 1
     moe_topk_groups: int = 1
     moe_latent_size: int = 0
-    # Zamba2's shared transformer blocks (kind zamba2_hybrid): how many distinct blocks the
-    # hybrid layers use round-robin, the rank of the per-layer LoRA adapters on the shared
-    # MLP (and on q/k/v when zamba2_attention_adapter), and the MLP's bias.
-    zamba2_mem_blocks: int = 1
-    zamba2_adapter_rank: int = 0
-    zamba2_attention_adapter: bool = False
     # Special tokens
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()

@@ -99,6 +99,26 @@ class GatedDeltaParams:
 
 
 @dataclass(frozen=True)
+class MambaParams:
+    """Kind `mamba` (Mamba1): the RMSNorms on dt, B and C that Jamba and Falcon-Mamba add."""
+
+    mamba_inner_norms: bool = False  # Jamba's RMSNorms on dt, B and C
+    mamba_inner_norm_weights: bool = True  # False: Falcon-Mamba's weightless norms
+    mamba_inner_norm_eps: float | None = None  # None: rms_norm_eps
+
+
+@dataclass(frozen=True)
+class Zamba2Params:
+    """Kind `zamba2_hybrid`: how many distinct shared transformer blocks the hybrid layers use
+    round-robin, the rank of the per-layer LoRA adapters on the shared MLP, and whether q, k and
+    v get adapters too."""
+
+    zamba2_mem_blocks: int = 1
+    zamba2_adapter_rank: int = 0
+    zamba2_attention_adapter: bool = False
+
+
+@dataclass(frozen=True)
 class ParallelHybridParams:
     """Kind `parallel_hybrid` (Falcon-H1), with the `scaled_mlp` feed-forward that goes with it:
     muP multipliers, whose defaults change nothing, and its Mamba2 variant."""
@@ -150,6 +170,7 @@ register_kind(
             StateDecl("ssm", lambda c: (c.mamba_d_state, c.d_inner)),
         ),
         "Mamba1 selective SSM (per-channel decay) after a depthwise causal conv",
+        params=MambaParams,
         keep_float=(
             ("mixer/dt_proj/*", "dt_proj feeds softplus and exp (the decay); it is small (dt_rank x d_inner)"),
         ),
@@ -221,6 +242,7 @@ register_kind(
         (KEY, VALUE, MAMBA2_CONV, MAMBA2_SSM),
         "Zamba2 hybrid layer: shared attention+MLP block (per-layer LoRA adapters) then Mamba2",
         attention=True,
+        params=Zamba2Params,
         prenorm=False,
     )
 )

@@ -62,8 +62,8 @@ def test_unknown_keys_are_refused_by_name() -> None:
     data["kind_params"]["gated_delta"]["gdn_heads"] = 3
     with pytest.raises(ValueError, match="'gdn_heads'"):
         HybridConfig.from_dict(data)
-    with pytest.raises(ValueError, match="'mamba'"):
-        HybridConfig.make(**BASE, layer_types=("attention",), ffn_types=("mlp",), kind_params={"mamba": {}})
+    with pytest.raises(ValueError, match="'mamba2'"):  # a kind that declares no parameters
+        HybridConfig.make(**BASE, layer_types=("attention",), ffn_types=("mlp",), kind_params={"mamba2": {}})
 
 
 def test_parameter_names_are_unambiguous() -> None:
@@ -149,3 +149,17 @@ def test_falcon_h1_multipliers_are_the_parallel_hybrid_kinds_and_older_flat_file
     flat = {k: v for k, v in cfg.to_dict().items() if k != "kind_params"}
     flat |= dataclasses.asdict(p)  # as an older manifest wrote them, lists from JSON
     assert HybridConfig.from_dict(json.loads(json.dumps(flat))) == cfg
+
+
+def test_mamba1_and_zamba2_fields_are_their_kinds() -> None:
+    """Mamba1's inner norms and Zamba2's shared blocks are their kinds' parameters; a config
+    without such layers carries none of them."""
+    from hybridrt.kinds import MambaParams, Zamba2Params
+
+    mamba = HybridConfig.make(**BASE, layer_types=("mamba",), ffn_types=("none",), mamba_inner_norms=True)
+    assert mamba.params(MambaParams).mamba_inner_norms and mamba.kind_params["mamba"] == MambaParams(True)
+    zamba = HybridConfig.make(**BASE, layer_types=("zamba2_hybrid",), ffn_types=("none",), zamba2_adapter_rank=8)
+    assert zamba.params(Zamba2Params) == Zamba2Params(zamba2_adapter_rank=8)
+    assert not {"mamba_inner_norms", "zamba2_mem_blocks"} & set(_gdn().to_dict())
+    flat = {k: v for k, v in zamba.to_dict().items() if k != "kind_params"} | dataclasses.asdict(Zamba2Params(3, 8))
+    assert HybridConfig.from_dict(json.loads(json.dumps(flat))).params(Zamba2Params) == Zamba2Params(3, 8)

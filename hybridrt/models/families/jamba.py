@@ -22,7 +22,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     d = hf.get("hidden_size", 4096)
     dt_rank = hf.get("mamba_dt_rank", "auto")
     heads = hf.get("num_attention_heads", 32)
-    return HybridConfig(
+    return HybridConfig.make(  # mamba_inner_norms: kinds.MambaParams
         model_type="jamba",
         vocab_size=hf.get("vocab_size", 65536),
         hidden_size=d,

@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from ...config import HybridConfig
+from ...kinds import Zamba2Params
 from ..loading.registry import Family, register
 from ..loading.translate import rope_settings, special_tokens, unsupported
 
@@ -49,7 +50,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     mamba_heads, expand = hf.get("n_mamba_heads", 8), hf.get("mamba_expand", 2)
     max_len = 16384 if hf.get("use_long_context", False) else hf.get("max_position_embeddings", 4096)
     rope = rope_settings("zamba2", hf) if hf.get("use_mem_rope", False) else {"rope_theta": None}
-    return HybridConfig(
+    return HybridConfig.make(  # the shared blocks' fields: kinds.Zamba2Params
         model_type="zamba2",
         vocab_size=hf.get("vocab_size", 32000),
         hidden_size=d,
@@ -98,7 +99,7 @@ def rename_layer(name: str, cfg: HybridConfig) -> str:
         which = f"{a.group(1)}_adapter" if a.group(1) else "gate_up_adapter"
         return f"model.layers.{hybrids[int(a.group(2))]}.mixer.{which}.{a.group(3)}"
     if rest.startswith("shared_transformer."):
-        block = hybrids.index(i) % cfg.zamba2_mem_blocks
+        block = hybrids.index(i) % cfg.params(Zamba2Params).zamba2_mem_blocks
         return f"model.shared.blocks.{block}." + rest[len("shared_transformer.") :]
     for old, new in (
         ("mamba.", "mixer."),

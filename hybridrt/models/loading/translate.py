@@ -164,7 +164,7 @@ def mamba_model(model_type: str, hf: dict[str, Any], **changes: Any) -> HybridCo
         mamba_inner_norms=False,
         **special_tokens(hf, bos=0, eos=0, pad=0),
     )
-    return HybridConfig(**(fields | changes))
+    return HybridConfig.make(**(fields | changes))  # the inner norms: kinds.MambaParams
 
 
 # Qwen3-Next and Qwen3.5: Gated DeltaNet ("linear_attention") and gated attention

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...config import HybridConfig
+from ...kinds import MambaParams
 from ..context import MixerContext
 from ..layers import RMSNorm
 from ..ops import UsesFusedOps, causal_conv, selective_scan
@@ -72,10 +73,11 @@ class MambaMixer(UsesFusedOps, nn.Module):
         self.A_log = nn.Parameter(torch.zeros(di, n))
         self.D = nn.Parameter(torch.ones(di))
         self.out_proj = nn.Linear(di, d, bias=cfg.mamba_proj_bias)
-        self.inner_norms = cfg.mamba_inner_norms
+        p = cfg.params(MambaParams)
+        self.inner_norms = p.mamba_inner_norms
         if self.inner_norms:
-            eps = cfg.rms_norm_eps if cfg.mamba_inner_norm_eps is None else cfg.mamba_inner_norm_eps
-            norm = RMSNorm if cfg.mamba_inner_norm_weights else WeightlessRMSNorm
+            eps = cfg.rms_norm_eps if p.mamba_inner_norm_eps is None else p.mamba_inner_norm_eps
+            norm = RMSNorm if p.mamba_inner_norm_weights else WeightlessRMSNorm
             self.dt_norm, self.b_norm, self.c_norm = norm(r, eps), norm(n, eps), norm(n, eps)
 
     def forward(

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ...config import HybridConfig
+from ...kinds import Zamba2Params
 from ..context import MixerContext
 from ..layers import RMSNorm, activation
 from ..ops import UsesFusedOps, attend
@@ -77,17 +78,18 @@ class Zamba2Hybrid(UsesFusedOps, nn.Module):
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()
         assert shared is not None, "zamba2_hybrid layers share their transformer blocks through model.shared"
+        p = cfg.params(Zamba2Params)
         if "blocks" not in shared:  # as many as the hybrid layers use (transformers builds no more)
-            used = min(cfg.zamba2_mem_blocks, cfg.layer_types.count(KIND))
+            used = min(p.zamba2_mem_blocks, cfg.layer_types.count(KIND))
             shared["blocks"] = nn.ModuleList(SharedBlock(cfg) for _ in range(used))
         index = cfg.layer_types[:layer].count(KIND)  # this layer's rank among the hybrid layers
         # A plain list, so the block's parameters keep their one name under model.shared.
         blocks = cast(nn.ModuleList, shared["blocks"])
-        self._block: list[SharedBlock] = [cast(SharedBlock, blocks[index % cfg.zamba2_mem_blocks])]
-        d, a, r = cfg.hidden_size, 2 * cfg.hidden_size, cfg.zamba2_adapter_rank
+        self._block: list[SharedBlock] = [cast(SharedBlock, blocks[index % p.zamba2_mem_blocks])]
+        d, a, r = cfg.hidden_size, 2 * cfg.hidden_size, p.zamba2_adapter_rank
         self.h, self.h_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.attn_head_dim
         self.scale = (self.hd / 2) ** -0.5
-        self.attention_adapter = cfg.zamba2_attention_adapter
+        self.attention_adapter = p.zamba2_attention_adapter
         if self.attention_adapter:
             self.q_adapter = _adapter(a, r, self.h * self.hd)
             self.k_adapter = _adapter(a, r, self.h_kv * self.hd)
