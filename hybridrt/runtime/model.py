@@ -19,7 +19,6 @@ from .chat_session import ChatSession
 from .evaluate import evaluate
 from .fits import check_cache_use, check_rows_fit
 from .input_checks import rows_that_fit
-from .plain import PlainStepper
 from .prefix_cache import StateCache
 from .sampling import GenerationConfig
 from .speculative import Draft, check_draft, speculate
@@ -285,8 +284,11 @@ class Model:
         fixed-size states it keeps, so that it can rewind ring - 1 calls; with 1 (no rewinds)
         the states that can be are read and written in place (runtime.bound)."""
         options = StepOptions(self.device, ring, self.cuda_graph, self.length_inputs, self.batched_chunks)
-        kind = BoundStepper if self.io_binding else PlainStepper
-        return kind(self.inference_session, self.manifest, batch, capacity, options)
+        if self.io_binding:
+            return BoundStepper(self.inference_session, self.manifest, batch, capacity, options)
+        from .plain import PlainStepper  # for comparison and debugging: imported only when asked for
+
+        return PlainStepper(self.inference_session, self.manifest, batch, capacity, options)
 
     def _speculative(
         self, draft: Model, row: list[int], cfg: GenerationConfig, stats: dec.GenerationStats
