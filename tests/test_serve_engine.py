@@ -370,6 +370,29 @@ def test_a_retokenized_turn_resumes_a_few_tokens_before_the_last_prompt_ended(ja
     assert b.cached == len(first) - TAIL and b.tokens == model.generate(turn, max_new_tokens=6)
 
 
+def test_the_checkpoint_before_a_prompts_last_call_holds_that_positions_states(jamba_onnx: Path) -> None:
+    """The state stored TAIL tokens before a prompt's end is taken before the prompt's last call
+    and stored after the first token (its fixed states kept aside, its KV read back then): it
+    equals the states of a cold prefill of those tokens."""
+    from hybridrt.runtime.decode import prefill
+    from hybridrt.runtime.prefix_plan import TAIL
+
+    model = hybridrt.load(jamba_onnx)
+    engine = _engine(model, slots=2, chunk=8)
+    try:
+        p = _prompt(40)
+        assert _submit(engine, p, max_new_tokens=3)[1].done.wait(60)
+        assert engine.cache is not None
+        hit = engine.cache.lookup(p[:-TAIL] + [7])
+    finally:
+        engine.stop()
+    assert hit is not None and hit.snapshot.length == len(p) - TAIL
+    cold = model.stepper(1, 64)
+    prefill(cold, [p[:-TAIL]])
+    want = cold.row(0)
+    assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(hit.snapshot.states, want.states))
+
+
 def test_requests_that_share_a_prefix_wait_for_one_prefill_of_it(jamba_onnx: Path) -> None:
     """Four requests with one 80-token system prompt arrive together: the first prefills it and
     stores a state where they part; the others resume there and prefill their own tokens."""

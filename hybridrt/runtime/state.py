@@ -204,6 +204,26 @@ class Stepper:
         n = int(self.lengths[r])
         return Snapshot([np.array(_fit(x[r : r + 1], s, n)) for s, x in zip(self.pasts, self._arrays())], n)
 
+    def fixed_of(self, r: int, into: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Row r's fixed-size (conv, SSM) states copied into `into` (made when None, reusable:
+        the next call writes the row's states in place, its KV at later positions only)."""
+        rows = [x[r : r + 1] for s, x in zip(self.pasts, self._arrays()) if not s.is_kv]
+        if into is None:
+            return [np.array(x) for x in rows]
+        for dst, x in zip(into, rows):
+            dst[...] = x
+        return into
+
+    def row_at(self, r: int, length: int, fixed: list[np.ndarray]) -> Snapshot:
+        """The snapshot of row r as it was at `length` tokens, when its fixed states then were
+        `fixed` (fixed_of) and its KV has been written at later positions only since."""
+        held = iter(fixed)
+        states = [
+            np.array(_fit(x[r : r + 1], s, length)) if s.is_kv else np.array(next(held))
+            for s, x in zip(self.pasts, self._arrays())
+        ]
+        return Snapshot(states, length)
+
     def fresh(self, batch: int) -> Stepper:
         """A stepper of the same kind and capacity over `batch` fresh rows."""
         raise NotImplementedError

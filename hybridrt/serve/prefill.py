@@ -96,6 +96,7 @@ class Prompts:
         # in that row, with nothing copied; any other stores them first.
         self.idle: Stepper | None = None
         self.idle_seen: list[int] | None = None
+        self.held: list[np.ndarray] | None = None  # a prompt's fixed states before its last call
 
     def park(self, batch: Stepper, seen: list[int] | None = None) -> None:
         """Keep the emptied decode batch for the next request; `seen`: what its one row holds."""
@@ -155,12 +156,22 @@ class Prompts:
         self.cache.observe(end - req.fed, time.perf_counter() - t0)
         req.fed = end
         if end < len(req.prompt):
-            if end in req.marks:
+            if end in req.marks and chunk_end(end, self.chunk, len(req.prompt), req.marks) == len(req.prompt):
+                # Before the prompt's last call only the fixed states need keeping (into buffers
+                # reused from request to request): the checkpoint is stored after the first token.
+                self.held, req.held = rows.fixed_of(0, self.held), end
+            elif end in req.marks:
                 self.cache.put(req.prompt[:end], rows.row(0))
             return None
-        if end not in req.marks:
-            return logits, lambda: None
-        return logits, lambda: self.cache.put(req.prompt, rows.row(0), logits)
+        held, req.held = req.held, None
+
+        def store() -> None:
+            if held is not None and self.held is not None:
+                self.cache.put(req.prompt[:held], rows.row_at(0, held, self.held))
+            if end in (req.marks or ()):
+                self.cache.put(req.prompt, rows.row(0), logits)
+
+        return logits, store
 
     def states(self, req: Request) -> Stepper:
         """req's own states, made on first use (from the cached state it resumes from, if any)."""

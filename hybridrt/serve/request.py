@@ -64,6 +64,7 @@ class Request:
     rows: Stepper | None = None  # its own states while it prefills (made when its prefill starts)
     resume: Snapshot | None = None  # the prefix cache's states it starts from, until `rows` exists
     marks: list[int] | None = None  # where its prefill stores states (None: not looked up yet)
+    held: int | None = None  # a checkpoint taken just before the prompt's last call, stored after it
     scored: list[TokenLogprob] = field(default_factory=list)  # the prompt's entries so far
     admitted: float = 0.0  # when it took a state slot (perf_counter; 0: still waiting)
     first: float = 0.0  # when its first token was sent
