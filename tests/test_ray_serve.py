@@ -75,13 +75,26 @@ def ray_serve(model: Path, *flags: str) -> Iterator[tuple[subprocess.Popen[str],
 def test_a_model_that_does_not_load_fails_the_start_in_one_line(default_onnx: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     shutil.copytree(default_onnx, broken)
-    (broken / read_manifest(broken).graph_file).write_bytes(b"not a graph")
+    graph = broken / read_manifest(broken).graph_file
+    graph.write_bytes(b"not a graph".ljust(graph.stat().st_size, b"\0"))  # its size kept: the replica finds it
     with ray_serve(broken, "--replicas", "1") as (proc, _):
         _, err = proc.communicate(timeout=240)
     assert proc.returncode == 2
     last = err.strip().splitlines()[-1]
     assert last.startswith("hybridrt: error: the Ray Serve application did not start: a replica could not load")
     assert "model.onnx" in last and "Traceback" not in err
+
+
+def test_a_missing_or_cut_file_is_refused_before_a_cluster_starts(default_onnx: Path, tmp_path: Path) -> None:
+    cut = tmp_path / "cut"
+    shutil.copytree(default_onnx, cut)
+    graph = cut / read_manifest(cut).graph_file
+    graph.write_bytes(graph.read_bytes()[:1000])
+    with ray_serve(cut, "--replicas", "1") as (proc, _):
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"hybridrt: error: {graph} does not match")
+    assert "Ray" not in err  # said by the command itself: no cluster was started
 
 
 def _healthy(url: str) -> bool:

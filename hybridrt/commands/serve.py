@@ -1,9 +1,8 @@
 """`hybridrt serve MODEL [MODEL ...] [--route SPEC] [--host 127.0.0.1] [--port 8000] [--api-key KEY] ...`.
 
-An OpenAI-compatible HTTP server (needs the `serve` extra). Each MODEL is a directory (served
-under its directory's name) or NAME=DIR, each with its own engine, slots and prefix cache;
-`--route` adds served names that choose between them (serve/routes.py). /health answers 503
-while a model loads, then 200; SIGINT/SIGTERM stop it after open requests finish.
+An OpenAI-compatible HTTP server (the `serve` extra). Each MODEL, a directory (served under its
+name) or NAME=DIR, has its own engine, slots and prefix cache; `--route` adds names that choose
+between them (serve/routes.py). /health is 503 while a model loads; SIGTERM drains, then stops.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..graphs.manifest import read_manifest, verify_files
 from ..serve.settings import EngineConfig, ServeConfig
 
 ENGINE = EngineConfig()
@@ -184,8 +184,7 @@ def ray_app(config: dict[str, Any]) -> Any:
 
 
 def _ray_options(args: argparse.Namespace) -> tuple[Any, Any]:
-    """deploy.ray_serve and the RayOptions of the flags, after checking them (and rewriting the
-    models as NAME=DIR, found once, so that replicas read the same directories)."""
+    """deploy.ray_serve and the RayOptions of the checked flags (models rewritten as NAME=DIR, found once)."""
     from ..errors import GraphError
 
     try:
@@ -201,6 +200,8 @@ def _ray_options(args: argparse.Namespace) -> tuple[Any, Any]:
             f"--replicas must be >= 1 and --max-replicas >= --replicas, got {args.replicas}, {args.max_replicas}"
         )
     served = served_models(args.model, args.model_name)
+    for d in served.values():  # a missing or cut file said before a cluster starts (the replicas hash them)
+        verify_files(d, read_manifest(d), hashes=False)
     args.model, args.model_name = [f"{name}={d}" for name, d in served.items()], None
     _serve_config(args, next(iter(served)))  # every flag of the app checked before the cluster starts
     options = ray_serve.RayOptions(
