@@ -317,10 +317,11 @@ def test_external_data_stays_external(jamba_onnx: Path, text_file: Path, tmp_pat
     manifest = read_manifest(parent)
     manifest.record_files(parent)
     manifest.write(parent)
-    out = tmp_path / "q"
-    quantize(parent, out, "int8-static", calibration=[text_file], **SMALL)
-    assert (out / "model.onnx.data").is_file() and "model.onnx.data" in read_manifest(out).files
-    assert _greedy(out) == _greedy(out)
+    for mode, options in (("int8-static", {}), ("int4", {"algo": "awq"})):  # awq probes a copy on disk
+        out = tmp_path / f"q-{mode}"
+        quantize(parent, out, mode, calibration=[text_file], **SMALL | options)  # type: ignore[arg-type]
+        assert (out / "model.onnx.data").is_file() and "model.onnx.data" in read_manifest(out).files
+        assert _greedy(out) == _greedy(out)
 
 
 def test_tied_model_end_to_end(text_file: Path, tmp_path: Path) -> None:

@@ -53,7 +53,10 @@ class EngineReplica:
         from ray import serve
 
         self.name = str(serve.get_replica_context().replica_id.unique_id)
-        configure(*((replica_log(log[0], self.name), log[1]) if log else ()))  # no file: stderr, its Ray log
+        if log is None:
+            configure()  # stderr: the replica's Ray log
+        else:
+            configure(replica_log(log[0], self.name), log[1])
         self.app = make_app()
         self.node = ray.get_runtime_context().get_node_id()
         # With a state directory (the affinity router's), states move here from other replicas.

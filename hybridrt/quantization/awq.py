@@ -44,8 +44,11 @@ def record_inputs(
     extra = [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in inputs]
     model.graph.output.extend(extra)  # the inputs as outputs of a copy on disk, then taken off again
     try:
-        # A graph over 2 GB is not one protobuf: its weights go beside it.
+        # Weights kept apart stay apart (over 2 GB a graph is not one protobuf); saving them so
+        # moves them out of `model`, which reads them back at once.
         onnx.save(model, str(path), save_as_external_data=external, location="awq_probe.data")
+        if external:
+            onnx.load_external_data_for_model(model, str(work))
     finally:
         for _ in extra:
             model.graph.output.pop()

@@ -201,8 +201,7 @@ class Stepper:
 
     def row(self, r: int) -> Snapshot:
         """Row r's states and length, its KV cut to the positions it holds."""
-        n = int(self.lengths[r])
-        return Snapshot([np.array(_fit(x[r : r + 1], s, n)) for s, x in zip(self.pasts, self._arrays())], n)
+        return self.row_at(r, int(self.lengths[r]))
 
     def fixed_of(self, r: int, into: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """Row r's fixed-size (conv, SSM) states copied into `into` (made when None, reusable:
@@ -214,12 +213,12 @@ class Stepper:
             dst[...] = x
         return into
 
-    def row_at(self, r: int, length: int, fixed: list[np.ndarray]) -> Snapshot:
-        """The snapshot of row r as it was at `length` tokens, when its fixed states then were
-        `fixed` (fixed_of) and its KV has been written at later positions only since."""
-        held = iter(fixed)
+    def row_at(self, r: int, length: int, fixed: list[np.ndarray] | None = None) -> Snapshot:
+        """Row r's states (copies) with its KV cut to `length` positions; with `fixed`, the fixed
+        states it had then (fixed_of), its KV having been written at later positions only since."""
+        held = iter(fixed) if fixed is not None else None
         states = [
-            np.array(_fit(x[r : r + 1], s, length)) if s.is_kv else np.array(next(held))
+            np.array(_fit(x[r : r + 1], s, length) if s.is_kv else (x[r : r + 1] if held is None else next(held)))
             for s, x in zip(self.pasts, self._arrays())
         ]
         return Snapshot(states, length)

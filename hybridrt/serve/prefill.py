@@ -164,11 +164,12 @@ class Prompts:
                 self.cache.put(req.prompt[:end], rows.row(0))
             return None
         held, req.held = req.held, None
+        at_end = end in req.marks
 
         def store() -> None:
             if held is not None and self.held is not None:
                 self.cache.put(req.prompt[:held], rows.row_at(0, held, self.held))
-            if end in (req.marks or ()):
+            if at_end:
                 self.cache.put(req.prompt, rows.row(0), logits)
 
         return logits, store
