@@ -361,7 +361,10 @@ def test_autoscaling_adds_a_replica_under_load_and_drains_it_after(default_onnx:
             payload = {"model": "tiny", "prompt": f"{i} {n} streams " * 12, "max_tokens": 48, "stream": True}
             try:
                 with httpx.stream("POST", f"{url}/v1/completions", json=payload, timeout=60) as r:
-                    events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+                    # Events end at a blank line; the text inside may hold characters that
+                    # str.splitlines (iter_lines) would split on, such as U+2028.
+                    body = r.read().decode()
+                events = [e[6:] for e in body.split("\n\n") if e.startswith("data: ")]
                 errors = [e for e in events[:-1] if "error" in json.loads(e)]
                 if r.status_code != 200 or errors or events[-1:] != ["[DONE]"]:
                     failed.append(f"{r.status_code}: {events[-2:]}")
