@@ -268,3 +268,19 @@ def quantized(src: Path, mode: str, **options: Any) -> Path:
     options = _without_defaults(quantize, options)
     key = _hash({"src": parent, "mode": mode, "options": options, "package": _package_key()} | _stack())
     return _entry("quant", f"{src.name}-{mode}", key, lambda out: quantize(src, out, mode, **options))
+
+
+def external_copy(src: Path, dst: Path) -> Path:
+    """A copy of the exported directory `src` at `dst` whose weights live in an external data
+    file (as every export of a shipped size has them), its manifest's file list updated."""
+    import onnx
+
+    from hybridrt.graphs.manifest import read_manifest
+
+    shutil.copytree(src, dst)
+    model = onnx.load(str(dst / "model.onnx"))
+    onnx.save_model(model, str(dst / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
+    manifest = read_manifest(dst)
+    manifest.record_files(dst)
+    manifest.write(dst)
+    return dst

@@ -310,13 +310,7 @@ def test_quantized_model_is_not_quantized_again(jamba_onnx: Path, text_file: Pat
 
 
 def test_external_data_stays_external(jamba_onnx: Path, text_file: Path, tmp_path: Path) -> None:
-    parent = tmp_path / "external"
-    shutil.copytree(jamba_onnx, parent)
-    model = onnx.load(str(parent / "model.onnx"))
-    onnx.save_model(model, str(parent / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
-    manifest = read_manifest(parent)
-    manifest.record_files(parent)
-    manifest.write(parent)
+    parent = exports.external_copy(jamba_onnx, tmp_path / "external")
     for mode, options in (("int8-static", {}), ("int4", {"algo": "awq"})):  # awq probes a copy on disk
         out = tmp_path / f"q-{mode}"
         quantize(parent, out, mode, calibration=[text_file], **SMALL | options)  # type: ignore[arg-type]

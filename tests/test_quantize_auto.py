@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from exports import REPORT
+from exports import REPORT, external_copy
 
 import hybridrt
 from hybridrt.errors import QuantizationError
+from hybridrt.graphs.manifest import read_manifest
+from hybridrt.quantization import quantize
 from hybridrt.quantization.auto import FLOAT, Gates, choose, estimate_weights, state_bytes
 from hybridrt.quantization.modes import QuantConfig
 from hybridrt.quantization.report import quality_report
@@ -152,3 +154,32 @@ def test_the_float_source_can_be_the_choice(default_onnx: Path, text_file: Path,
     model = hybridrt.load(tmp_path / "out")
     assert model.manifest.quantization is None and model.manifest.provenance["plan"]["chosen"] == FLOAT
     assert (tmp_path / "out" / "model.onnx").read_bytes() == (default_onnx / "model.onnx").read_bytes()
+
+
+def test_a_kv_int8_candidate_reads_its_base_weights_back_and_writes_what_quantize_writes(
+    default_onnx: Path, text_file: Path, tmp_path: Path
+) -> None:
+    """The weights of X and X+kv-int8 are quantized once (kept on disk, weights in an external
+    data file here), and the candidate built from them is byte for byte a quantization from scratch."""
+    parent = external_copy(default_onnx, tmp_path / "external")
+    pair = ["int4-awq-b32", "int4-awq-b32+kv-int8"]
+    said: list[str] = []
+    out = tmp_path / "auto"
+    choose(parent, out, eval_text=text_file, calibration=[text_file], only=pair, objective="size", progress=said.append,
+           samples=4, seq_len=64, **QUICK)  # fmt: skip
+    plan = json.loads((out / "plan.json").read_text())
+    by_name = {c["name"]: c for c in plan["candidates"]}
+    assert by_name[pair[0]]["weights_from"] is None and by_name[pair[1]]["weights_from"] == pair[0]
+    assert any("weights read back from int4-awq-b32's" in line for line in said), said
+    assert plan["chosen"] == pair[1]  # the smaller KV: the least bytes in all
+    direct = tmp_path / "direct"
+    quantize(parent, direct, "int4", algo="awq", kv_dtype="int8", eval_text=text_file,
+              calibration=[text_file], samples=4, seq_len=64, **QUICK)  # fmt: skip
+    files = sorted(f.name for f in out.iterdir() if f.name.startswith("model.onnx"))
+    assert files == ["model.onnx", "model.onnx.data"]
+    for name in files:
+        assert (out / name).read_bytes() == (direct / name).read_bytes(), name
+    q, again = read_manifest(out).quantization, read_manifest(direct).quantization
+    assert q is not None and again is not None
+    assert q["calibration"] == again["calibration"] and q["kv_cache"] == again["kv_cache"]
+    assert q["report"] == again["report"]

@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._version import __version__
 from ..errors import QuantizationError
 from ..graphs.files import atomic_directory, copy_tokenizer, save_onnx
 from ..graphs.in_place import in_place_states
@@ -27,9 +26,11 @@ from ..runtime.text import TOKENIZER
 from . import half, kv_cache, rewrites
 from .calibration import CalibrationReader, calibration_feeds, head, read_texts, split_text
 from .graph_pass import quantize_graph
-from .modes import WEIGHT_BITS, QuantConfig
-from .report import finite, quality_report
+from .modes import QuantConfig
+from .record import graph_sizes, quantized_manifest
+from .report import check_gates, quality_report
 from .selection import NodeSelection, select_nodes
+from .shared import Quantized, SharedWeights
 
 
 def quantize(
@@ -41,6 +42,7 @@ def quantize(
     eval_text: str | Path | None = None,
     force: bool = False,
     progress: Callable[[str], None] | None = None,
+    shared: SharedWeights | None = None,
     **options: Any,
 ) -> Manifest:
     """Quantize an exported ONNX directory; returns the new directory's manifest.
@@ -51,6 +53,8 @@ def quantize(
     eval_text: a text file to measure the quality report on.
     options: QuantConfig fields (algo, block_size, calib_method, samples, seq_len,
       exclude, include, keep_float_default, max_ppl_ratio, ...); an unknown one is an error.
+    shared: weights kept from an earlier call whose options differ only in the KV dtype are
+      read back instead of quantized again, and this call's are kept (quantization.shared).
     """
     from ..runtime import load
 
@@ -65,28 +69,24 @@ def quantize(
         kv_cache.check_attention(_bare_graph(src / parent_manifest.graph_file), parent_manifest)
     t0 = time.perf_counter()
     parent = load(src, "cpu")
-    reader, held_out, windows = _calibrate(parent, cfg, texts, eval_texts, say) if has_tokenizer else (None, "", [])
-    model, external = _load_graph(src / parent_manifest.graph_file)
-    kv_peak = None
-    if cfg.kv_dtype == "int8":
-        say(f"KV cache: calibrating int8 scales over {len(windows)} windows")
-        kv_peak = kv_cache.calibrate(parent, windows)
-    selection = _selection(model, cfg, parent_manifest)
-    rewrites.give_private_weights(model.graph, selection.quantize)
+    reuse = shared.get(cfg) if shared is not None else None
+    reader, held_out, windows, kv_peak = _readings(parent, cfg, texts, eval_texts, has_tokenizer, reuse is None, say)
     with atomic_directory(out, QuantizationError) as tmp:
-        quantized, selection, vocab = _weights(model, cfg, selection, reader, tmp, external, parent_manifest, say)
+        got = reuse or _quantized(src / parent_manifest.graph_file, cfg, reader, tmp, parent_manifest, say)
+        if shared is not None and reuse is None:
+            shared.keep(cfg, dataclasses.replace(got, name=out.name))
         evaluation = {"source": str(eval_text or "held-out calibration text"), "chars": len(held_out)}
-        manifest = quantized_manifest(parent_manifest, src, cfg, selection, reader, evaluation)
-        manifest.quantization = (manifest.quantization or {}) | {"vocab": vocab}
-        _kv_buffers(manifest, cfg, quantized, kv_peak, len(windows))
-        rewrites.order_nodes(quantized.graph)
-        manifest.in_place = in_place_states(quantized.graph, manifest.pasts)
-        save_onnx(quantized, tmp / parent_manifest.graph_file, external)
+        manifest = quantized_manifest(parent_manifest, src, cfg, got.selection, got.feeds, evaluation)
+        manifest.quantization = (manifest.quantization or {}) | {"vocab": got.vocab}
+        _kv_buffers(manifest, cfg, got.model, kv_peak, len(windows))
+        rewrites.order_nodes(got.model.graph)
+        manifest.in_place = in_place_states(got.model.graph, manifest.pasts)
+        save_onnx(got.model, tmp / parent_manifest.graph_file, got.external)
         copy_tokenizer(src, tmp)
         manifest.record_files(tmp)
         manifest.quantization |= _report(parent, tmp, manifest, held_out, cfg, has_tokenizer, say)
         manifest.quantization |= {
-            "size": _sizes(src, tmp, parent_manifest.graph_file),
+            "size": graph_sizes(src, tmp, parent_manifest.graph_file),
             "seconds": round(time.perf_counter() - t0, 2),
         }
         manifest.write(tmp)
@@ -104,6 +104,43 @@ def _texts(
         return False, [], []
     texts, eval_texts = read_inputs(cfg, calibration, eval_text)
     return True, texts, eval_texts
+
+
+def _readings(
+    parent: Any,
+    cfg: QuantConfig,
+    texts: list[str],
+    eval_texts: list[str],
+    has_tokenizer: bool,
+    weights: bool,
+    say: Callable[[str], None],
+) -> tuple[CalibrationReader | None, str, list[Any], Any]:
+    """What the float parent reads off the texts: the calibration reader (when the `weights` are
+    quantized here), the held-out text, the calibration windows and the KV cache's peaks."""
+    reader, held_out, windows = (
+        _calibrate(parent, cfg, texts, eval_texts, say, weights) if has_tokenizer else (None, "", [])
+    )
+    kv_peak = None
+    if cfg.kv_dtype == "int8":
+        say(f"KV cache: calibrating int8 scales over {len(windows)} windows")
+        kv_peak = kv_cache.calibrate(parent, windows)
+    return reader, held_out, windows, kv_peak
+
+
+def _quantized(
+    graph_path: Path,
+    cfg: QuantConfig,
+    reader: CalibrationReader | None,
+    tmp: Path,
+    parent: Manifest,
+    say: Callable[[str], None],
+) -> Quantized:
+    """The parent graph read and its selected weights quantized (or converted)."""
+    model, external = _load_graph(graph_path)
+    selection = _selection(model, cfg, parent)
+    rewrites.give_private_weights(model.graph, selection.quantize)
+    quantized, selection, vocab = _weights(model, cfg, selection, reader, tmp, external, parent, say)
+    return Quantized(quantized, selection, vocab, external, len(reader) if reader else 0)
 
 
 def _selection(model: Any, cfg: QuantConfig, manifest: Manifest) -> NodeSelection:
@@ -234,16 +271,16 @@ def read_inputs(
 
 
 def _calibrate(
-    parent: Any, cfg: QuantConfig, texts: list[str], eval_texts: list[str], say: Callable[[str], None]
+    parent: Any, cfg: QuantConfig, texts: list[str], eval_texts: list[str], say: Callable[[str], None], weights: bool
 ) -> tuple[CalibrationReader | None, str, list[Any]]:
-    """The calibration reader (modes that need one), the held-out text of the report and the
-    calibration windows (token ids)."""
+    """The calibration reader (modes that need one, when the `weights` are to be quantized here),
+    the held-out text of the report and the calibration windows (token ids)."""
     held_out = head(parent.tokenizer, "\n\n".join(eval_texts), cfg.eval_tokens) if eval_texts else ""
     reader, windows = None, []
     if texts:
         split = split_text(parent.tokenizer, texts, cfg.samples, cfg.seq_len, 0 if eval_texts else cfg.eval_tokens)
         held_out, windows = held_out or split.held_out, split.windows
-        if cfg.needs_calibration:
+        if cfg.needs_calibration and weights:
             say(f"calibration: running the float model over {len(split.windows)} windows")
             reader = CalibrationReader(calibration_feeds(parent, split.windows, cfg.decode_steps))
     if len(parent.tokenizer.encode(held_out, add_special_tokens=False).ids) < 2:
@@ -278,66 +315,3 @@ def _check_parent(src: Path) -> Manifest:
             f"{src} is already quantized ({manifest.quantization.get('mode')}); quantize its float parent instead"
         )
     return manifest
-
-
-def quantized_manifest(
-    parent: Manifest,
-    src: Path,
-    cfg: QuantConfig,
-    selection: NodeSelection,
-    reader: CalibrationReader | None,
-    evaluation: dict[str, Any],
-) -> Manifest:
-    import onnxruntime
-
-    manifest = Manifest.from_dict(parent.to_dict())
-    manifest.parity = {}  # the parent's export parity describes the float graph, kept below
-    manifest.quantization = {
-        "mode": cfg.mode,
-        "kv_dtype": cfg.kv_dtype,
-        "algo": cfg.resolved_algo,
-        "block_size": cfg.block_size if cfg.weight_only else None,
-        "symmetric": cfg.symmetric if cfg.weight_only else None,
-        "calib_method": cfg.calib_method if cfg.mode == "int8-static" else None,
-        "weight_bits": WEIGHT_BITS[cfg.mode],
-        "quantized_nodes": selection.quantize + selection.vocab,
-        "float_activations": selection.float_activations if cfg.mode == "int8-static" else None,
-        "excluded": selection.excluded,
-        "keep_float_patterns": selection.patterns,
-        "include_patterns": list(cfg.include),
-        "calibration": {
-            "feeds": len(reader) if reader else 0,
-            "samples": cfg.samples,
-            "seq_len": cfg.seq_len,
-            "decode_steps": cfg.decode_steps,
-        },
-        "eval_text": evaluation,
-        "parent": {"path": str(src.resolve()), "files": parent.files, "parity": parent.parity},
-        "onnxruntime": onnxruntime.__version__,
-        "hybridrt": __version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "report": None,
-    }
-    return manifest
-
-
-def check_gates(report: dict[str, Any], cfg: QuantConfig) -> None:
-    if not finite(report):
-        raise QuantizationError(f"the quantized model's figures are not finite: {report}")
-    failed = []
-    if cfg.max_ppl_ratio is not None and report["ppl_ratio"] > cfg.max_ppl_ratio:
-        failed.append(f"perplexity ratio {report['ppl_ratio']:.4f} > --max-ppl-ratio {cfg.max_ppl_ratio}")
-    if cfg.min_greedy_agreement is not None and report["greedy_agreement"] < cfg.min_greedy_agreement:
-        failed.append(
-            f"greedy agreement {report['greedy_agreement']:.3f} < --min-greedy-agreement {cfg.min_greedy_agreement}"
-        )
-    if failed:
-        raise QuantizationError(f"quality gate failed, nothing written: {'; '.join(failed)}")
-
-
-def _sizes(src: Path, out: Path, graph_file: str) -> dict[str, Any]:
-    def graph_bytes(d: Path) -> int:
-        return sum(p.stat().st_size for p in d.iterdir() if p.name.startswith(graph_file))
-
-    parent, quantized = graph_bytes(src), graph_bytes(out)
-    return {"parent_bytes": parent, "bytes": quantized, "ratio": quantized / parent}

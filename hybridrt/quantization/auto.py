@@ -6,8 +6,10 @@ quality gates, chosen by measurement on this machine, and the decision kept as a
    where the model has attention; the float source itself is one too.
 2. Budget: a candidate's bytes are its weights plus the states and KV of `context` tokens for
    `batch` sequences (from the manifest's state sizes, KV at the candidate's dtype). Weights are
-   estimated before building from the source graph's quantizable matrices (quantization.selection),
+   estimated before building from the source graph's quantizable matrices (quantization.budget),
    so a candidate whose estimate is over the budget is never built; a built one is measured.
+   A candidate with an int8 KV cache reads back its base candidate's quantized weights
+   (quantization.shared) instead of quantizing them again.
 3. Gates: the quality report of each built candidate against the float source on the eval text
    (perplexity ratio, NLL delta, mean KL, greedy agreement); a candidate that fails one is dropped
    with the figure that failed.
@@ -32,8 +34,10 @@ from typing import Any
 
 from ..errors import QuantizationError
 from ..graphs.manifest import Manifest, read_manifest
+from .budget import estimate_weights, state_bytes
 from .modes import QuantConfig
 from .plan import PLAN_VERSION, SOURCE_REPORT, Gates, machine, measure_speed, text_record, write
+from .shared import SharedWeights
 
 OBJECTIVES = ("decode", "prefill", "size")
 # Weight modes tried, as QuantConfig options; each also with kv_dtype int8 when the model has attention.
@@ -60,6 +64,7 @@ class Candidate:
     status: str = "pending"  # chosen, passed, dropped
     why: str = ""
     directory: Path | None = None
+    weights_from: str | None = None  # the candidate whose quantized weights this one reused
 
     def record(self) -> dict[str, Any]:
         total = None if self.weight_bytes is None else self.weight_bytes + self.state_bytes
@@ -76,6 +81,7 @@ class Candidate:
             "speed": self.speed or None,
             "status": self.status,
             "why": self.why,
+            "weights_from": self.weights_from,
         }
 
 
@@ -95,57 +101,6 @@ def candidates(manifest: Manifest, only: Sequence[str] | None = None) -> list[Ca
     if unknown:
         raise QuantizationError(f"unknown candidate {', '.join(unknown)}; known: {', '.join(by_name)}")
     return [by_name[n] for n in only]
-
-
-def estimate_weights(src: Path, manifest: Manifest, options: dict[str, Any]) -> int:
-    """Bytes of the candidate's graph before it is built: the source graph's bytes with its
-    quantizable matrices (the selection's linear layers and vocabulary) at the mode's bits,
-    scales and zero points included."""
-    import onnx
-
-    from .selection import select_nodes
-    from .vocab import find_vocab_nodes
-
-    parent = sum(p.stat().st_size for p in src.iterdir() if p.name.startswith(manifest.graph_file))
-    if not options:
-        return parent
-    graph = onnx.load(str(src / manifest.graph_file), load_external_data=False).graph
-    cfg = QuantConfig.from_kwargs(**options)
-    selection = select_nodes(graph, cfg, manifest.layer_types)
-    sizes = {t.name: _elements(t.dims) for t in graph.initializer}
-    matrices = {n.input[1] for n in graph.node if n.name in selection.quantize and len(n.input) > 1}
-    vocab = find_vocab_nodes(graph)
-    tables = {t for t in (vocab.table, vocab.head_weight) if t in sizes}
-    linear = sum(sizes.get(m, 0) for m in matrices - tables)
-    table = sum(sizes[t] for t in tables)
-    block = cfg.block_size
-    per = {
-        "int4": 0.5 + 4 / block + (0 if cfg.symmetric else 0.5 / block),
-        "int8-weight": 1 + 4 / block + (0 if cfg.symmetric else 1 / block),
-        "int8-dynamic": 1.0,
-        "int8-static": 1.0,
-    }.get(cfg.mode, 4.0)
-    vocab_per = cfg.vocab_bits / 8 + 4 / 128
-    return int(parent - 4 * (linear + table) + per * linear + vocab_per * table)
-
-
-def _elements(dims: Sequence[int]) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
-
-
-def state_bytes(manifest: Manifest, options: dict[str, Any], context: int, batch: int) -> int:
-    """States and KV buffers of `batch` sequences of `context` tokens (KV at the candidate's dtype)."""
-    from ..graphs.contract import state_bytes_per_sequence
-
-    kv_scale = {"int8": 0.25, "float16": 0.5}.get(options.get("kv_dtype", "float32"), 1.0)
-    total = 0.0
-    for spec in manifest.pasts:
-        n = state_bytes_per_sequence(spec)
-        total += n * context * kv_scale if spec.is_kv else n
-    return int(total * batch)
 
 
 def choose(
@@ -178,6 +133,7 @@ def choose(
     t0 = time.perf_counter()
     pool = candidates(manifest, only)
     work = Path(tempfile.mkdtemp(prefix="hybridrt-auto-", dir=out.parent if out.parent.is_dir() else None))
+    shared = SharedWeights(work)  # a candidate with an int8 KV cache reads its base's weights
     try:
         for i, c in enumerate(pool, 1):
             c.state_bytes = state_bytes(manifest, c.options, context, batch)
@@ -186,12 +142,11 @@ def choose(
                 say(f"[{i}/{len(pool)}] {c.name}: not built, {c.why}")
                 continue
             say(f"[{i}/{len(pool)}] {c.name}: building and measuring its quality ({_elapsed(t0)}{_left(pool, i, t0)})")
-            _build(quantize, src, work, c, eval_text, calibration, options)
+            _build(quantize, src, work, c, eval_text, calibration, options, shared)
+            if c.weights_from:
+                say(f"[{i}/{len(pool)}] {c.name}: weights read back from {c.weights_from}'s, not quantized again")
             _gate(c, budget_bytes, gates)
-        passed = [c for c in pool if c.status == "passed"]
-        if not passed:
-            lines = "; ".join(f"{c.name}: {c.why}" for c in pool)
-            raise QuantizationError(f"no candidate fits the budget and passes every gate, nothing written: {lines}")
+        passed = _passed(pool)
         if objective != "size" and len(passed) > 1:
             say(f"measuring speed of {len(passed)} candidates, {rounds} rounds ({_elapsed(t0)})")
             speeds = measure_speed([c.directory for c in passed if c.directory], rounds, prompt_tokens, new_tokens)
@@ -205,7 +160,17 @@ def choose(
         say(f"chose {winner.name} ({winner.why}); wrote {out} in {_elapsed(t0)}")
         return written
     finally:
+        shared.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _passed(pool: list[Candidate]) -> list[Candidate]:
+    """The candidates that fit and passed the gates; none is an error naming each one's failure."""
+    passed = [c for c in pool if c.status == "passed"]
+    if not passed:
+        lines = "; ".join(f"{c.name}: {c.why}" for c in pool)
+        raise QuantizationError(f"no candidate fits the budget and passes every gate, nothing written: {lines}")
+    return passed
 
 
 def _checked(objective: str, eval_text: str | Path | None, out: Path, force: bool) -> str | Path:
@@ -296,13 +261,17 @@ def _build(
     eval_text: str | Path,
     calibration: Sequence[str | Path],
     options: dict[str, Any],
+    shared: SharedWeights,
 ) -> None:
     if not c.options:  # the source is the reference the others are measured against
         c.directory, c.weight_bytes = src, c.estimated_bytes
         c.report = dict(SOURCE_REPORT)
         return
     c.directory = work / c.name.replace("+", "_")
-    manifest = quantize(src, c.directory, calibration=calibration, eval_text=eval_text, **options | c.options)
+    reused = shared.reused
+    kw = options | c.options
+    manifest = quantize(src, c.directory, calibration=calibration, eval_text=eval_text, shared=shared, **kw)
+    c.weights_from = shared.kept.name if shared.reused > reused and shared.kept else None
     q = manifest.quantization or {}
     c.report = q["report"]
     c.weight_bytes = int(q["size"]["bytes"])

@@ -112,16 +112,17 @@ def _finish_export(
     manifest returned (once, with its own fields); this only measures."""
     from ..graphs.manifest import Manifest
     from ..runtime import load
-    from .api import NO_REPORT, check_gates, quantized_manifest, read_inputs
+    from .api import NO_REPORT, read_inputs
     from .calibration import head
-    from .report import quality_report
+    from .record import quantized_manifest
+    from .report import check_gates, quality_report
 
     if not quantizer.selection.quantize and not quantizer.selection.vocab:
         raise QuantizationError("no node is left to quantize after the exclusions; check --exclude/--include")
     cfg = quantizer.cfg
     evaluation: dict[str, Any] = {"source": str(eval_text) if eval_text else None}
     described = Manifest.from_dict(float_manifest.to_dict())
-    manifest = quantized_manifest(described, src, cfg, quantizer.selection, None, evaluation)
+    manifest = quantized_manifest(described, src, cfg, quantizer.selection, 0, evaluation)
     assert manifest.quantization is not None
     manifest.quantization |= {"vocab": quantizer.vocab, "direct": True}
     manifest.record_files(out)

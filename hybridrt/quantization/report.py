@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import QuantizationError
 from ..runtime.evaluate import log_softmax, ort_logits_fn, score_text, scored_windows
 from .modes import QuantConfig
 
@@ -74,3 +75,17 @@ def greedy_agreement(parent: Any, quant: Any, text: str, cfg: QuantConfig) -> tu
 
 def finite(report: dict[str, Any]) -> bool:
     return all(math.isfinite(v) for v in report.values() if isinstance(v, float))
+
+
+def check_gates(report: dict[str, Any], cfg: QuantConfig) -> None:
+    if not finite(report):
+        raise QuantizationError(f"the quantized model's figures are not finite: {report}")
+    failed = []
+    if cfg.max_ppl_ratio is not None and report["ppl_ratio"] > cfg.max_ppl_ratio:
+        failed.append(f"perplexity ratio {report['ppl_ratio']:.4f} > --max-ppl-ratio {cfg.max_ppl_ratio}")
+    if cfg.min_greedy_agreement is not None and report["greedy_agreement"] < cfg.min_greedy_agreement:
+        failed.append(
+            f"greedy agreement {report['greedy_agreement']:.3f} < --min-greedy-agreement {cfg.min_greedy_agreement}"
+        )
+    if failed:
+        raise QuantizationError(f"quality gate failed, nothing written: {'; '.join(failed)}")
