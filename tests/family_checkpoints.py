@@ -510,3 +510,62 @@ BUILDERS = {
     "zamba2": make_zamba2,
     "olmo_hybrid": make_olmo_hybrid,
 }
+
+
+def widen_weights(directory: Path, std: float = 0.6, seed: int = 1) -> Path:
+    """The checkpoint in `directory` with every 2-D weight but the embedding redrawn at
+    std/sqrt(fan_in): activations far wider than the builders' small initializers give, as a
+    trained model's are, where a graph's numerics lose precision first."""
+    from safetensors.torch import load_file, save_file
+
+    g = torch.Generator().manual_seed(seed)
+    for f in sorted(directory.glob("*.safetensors")):
+        tensors = load_file(str(f))
+        for name, t in tensors.items():
+            if t.dim() == 2 and "embed" not in name:
+                tensors[name] = (torch.randn(t.shape, generator=g) * std / t.shape[1] ** 0.5).to(t.dtype)
+        save_file(tensors, str(f), metadata={"format": "pt"})
+    return directory
+
+
+def make_wide(directory: Path, family: str, seed: int = 0, std: float = 0.6, **overrides: object) -> Path:
+    """`family`'s builder with max length 4,096 (room for 2,048-token prompts), then its weights
+    widened (widen_weights)."""
+    BUILDERS[family](directory, seed=seed, **{"max_position_embeddings": 4096} | overrides)
+    return widen_weights(directory, std)
+
+
+# The Gated DeltaNet families' released configs at their own layer widths (hidden size, heads,
+# head dims, convolution, rotary): four layers (three Gated DeltaNet, one attention), the test
+# vocabulary, MLPs of 256 and 8 experts of 64, the only cuts (scripts/check_long_parity.py --released).
+RELEASED_TEXT = {
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+}
+
+
+def make_released_gated_delta(directory: Path, config: Path, seed: int = 0) -> Path:
+    """A random checkpoint of the released `config` (a config.json of RELEASED_TEXT's families),
+    cut as RELEASED_TEXT's comment says."""
+    import json
+
+    import transformers
+
+    data = json.loads(config.read_text())
+    config_class, model_class = RELEASED_TEXT[data["model_type"]]
+    text = dict(data.get("text_config", data))
+    text.pop("model_type", None)
+    cuts: dict[str, Any] = {"num_hidden_layers": 4, "vocab_size": VOCAB, "max_position_embeddings": 4096}
+    cuts |= {k: v for k, v in COMMON.items() if k != "vocab_size"}
+    if "layer_types" in text:
+        cuts["layer_types"] = text["layer_types"][:4]
+    if text.get("intermediate_size"):
+        cuts["intermediate_size"] = 256
+    if text.get("num_experts"):
+        cuts |= {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+        cuts |= {"shared_expert_intermediate_size": 64}
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, config_class)(**text | cuts)
+    cfg.torch_dtype = cfg.dtype = torch.float32
+    return _save(getattr(transformers, model_class)(cfg).float(), directory)
