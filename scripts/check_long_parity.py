@@ -1,18 +1,19 @@
 """Exactness of the ONNX graphs on every family at long prompts and after many decode steps.
 
 python scripts/check_long_parity.py [--lengths 1 37 300 2048] [--steps 1000] [--standard-ops]
-    [--wide STD] [--released CONFIG.json ...] [FAMILY ...]
+    [--wide STD] [--released CONFIG.json ... [--every-expert]] [FAMILY ...]
 
 Builds each family's tiny random checkpoint (tests/family_checkpoints.py, max length raised to
-4,096 where the config has one; with --wide, every 2-D weight but the embedding redrawn at
-STD/sqrt(fan_in), as tests/family_checkpoints.widen_weights does), exports it (fused operators,
+4,096 where the config has one), or with --released a released Qwen3.5 / Qwen3-Next config file
+at its own widths, four layers deep (tests/family_checkpoints.make_released_gated_delta;
+--every-expert routes each token to all of an MoE's experts, so that no near-tie of a random
+router flips a choice between the two sides); with --wide, every 2-D weight but the embedding
+redrawn at STD/sqrt(fan_in) (tests/family_checkpoints.widen_weights). Exports it (fused operators,
 the default; with --standard-ops, the standard-operator graph that the transformers.js and
-onnxruntime-genai layouts carry: fused_ops=False, fuse_norms=False), and measures the
-(--released: released Qwen3.5 / Qwen3-Next config files at their own widths, four layers deep,
-tests/family_checkpoints.make_released_gated_delta, instead of the families; then measures the
-export's parity report (hybridrt.export.parity.measure_parity) at the given prompt lengths
-and over `--steps` decode steps from states whose rows have seen different numbers of tokens,
-each side carrying its own states. Prints one row per family; exits 1 if any is above 1e-4.
+onnxruntime-genai layouts carry: fused_ops=False, fuse_norms=False) and measures the export's
+parity report (hybridrt.export.parity.measure_parity) at the given prompt lengths and over
+`--steps` decode steps from states whose rows have seen different numbers of tokens, each side
+carrying its own states. Prints one row per family; exits 1 if any is above 1e-4.
 """
 
 from __future__ import annotations
@@ -42,11 +43,13 @@ def main() -> int:
     ap.add_argument("--standard-ops", action="store_true", help="the layouts' graph (no com.microsoft scans)")
     ap.add_argument("--wide", type=float, help="redraw the 2-D weights at this std/sqrt(fan_in)")
     ap.add_argument("--released", type=Path, nargs="+", default=[], help="released config.json files")
+    ap.add_argument("--every-expert", action="store_true", help="--released MoE: route each token to every expert")
     ap.add_argument("--json", type=Path, help="also write the reports here")
     args = ap.parse_args()
     reports, failed = {}, False
     print(f"{'family':<16} {'prompts':<22} {'steps':>5} {'max |dlogits|':>14} {'max |dstate|':>13} {'s':>6}")
-    builders = {p.stem: functools.partial(make_released_gated_delta, config=p) for p in args.released}
+    released = functools.partial(make_released_gated_delta, every_expert=args.every_expert)
+    builders = {p.stem: functools.partial(released, config=p) for p in args.released}
     for name in builders if args.released else args.families:
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:

@@ -545,9 +545,12 @@ RELEASED_TEXT = {
 }
 
 
-def make_released_gated_delta(directory: Path, config: Path, seed: int = 0) -> Path:
+def make_released_gated_delta(directory: Path, config: Path, seed: int = 0, every_expert: bool = False) -> Path:
     """A random checkpoint of the released `config` (a config.json of RELEASED_TEXT's families),
-    cut as RELEASED_TEXT's comment says."""
+    cut as RELEASED_TEXT's comment says. every_expert: each token routed to all 8 experts, so
+    that no near-tie of the router's scores can flip a choice between two implementations
+    (random routers over long prompts have such ties: a different expert for one token is a
+    difference in kind, not the numerics this measures)."""
     import json
 
     import transformers
@@ -563,7 +566,7 @@ def make_released_gated_delta(directory: Path, config: Path, seed: int = 0) -> P
     if text.get("intermediate_size"):
         cuts["intermediate_size"] = 256
     if text.get("num_experts"):
-        cuts |= {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+        cuts |= {"num_experts": 8, "num_experts_per_tok": 8 if every_expert else 2, "moe_intermediate_size": 64}
         cuts |= {"shared_expert_intermediate_size": 64}
     torch.manual_seed(seed)
     cfg = getattr(transformers, config_class)(**text | cuts)
