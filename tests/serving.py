@@ -73,3 +73,18 @@ def server_fixture(model: str, **options: Any) -> Any:
 def client_of(server: Running) -> openai.OpenAI:
     """The openai package's client of `server`, with the key and no retries."""
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+
+
+def sse_data(response: httpx.Response) -> Iterator[str]:
+    """The `data:` payloads of a streamed response, as they arrive. Events end at a blank line,
+    as SSE has them; the server writes JSON with raw non-ASCII text, so a payload may hold
+    characters that str.splitlines (httpx's iter_lines) would split on, such as U+2028."""
+    buffer = ""
+    for text in response.iter_text():
+        buffer += text
+        while "\n\n" in buffer:
+            event, buffer = buffer.split("\n\n", 1)
+            if event.startswith("data: "):
+                yield event[6:]
+    if buffer.startswith("data: "):  # a stream cut after its last event's own line
+        yield buffer.rstrip("\n")[6:]

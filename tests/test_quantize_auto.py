@@ -183,3 +183,15 @@ def test_a_kv_int8_candidate_reads_its_base_weights_back_and_writes_what_quantiz
     assert q is not None and again is not None
     assert q["calibration"] == again["calibration"] and q["kv_cache"] == again["kv_cache"]
     assert q["report"] == again["report"]
+
+
+def test_weights_are_shared_only_between_options_that_give_the_same_weights() -> None:
+    from hybridrt.quantization.shared import weights_key
+
+    def key(**options: Any) -> str:
+        return weights_key(QuantConfig.from_kwargs(**options))
+
+    assert key(mode="int4") == key(mode="int4", kv_dtype="int8")
+    assert key(mode="int4") != key(mode="int4", block_size=64) != key(mode="int4", algo="rtn")
+    assert key(mode="int8-dynamic") == key(mode="int8-dynamic", kv_dtype="int8") != key(mode="int4")
+    assert key(mode="float16") != key(mode="float16", kv_dtype="float16")  # float16 converts the KV with the weights

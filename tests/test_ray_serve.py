@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serving import running, wait_for
+from serving import running, sse_data, wait_for
 
 import hybridrt
 from hybridrt.deploy.ray_peers import StateDirectory, TransferCost
@@ -316,11 +316,10 @@ def test_a_killed_replica_ends_its_streams_with_an_error_and_the_others_answer(
     with httpx.stream("POST", f"{cluster}/v1/completions", json=payload, timeout=60) as r:
         assert r.status_code == 200
         pid, victim = int(r.headers["x-hybridrt-replica-pid"]), r.headers["x-hybridrt-replica"]
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                events.append(line[6:])
-                if len(events) == 3:
-                    os.kill(pid, signal.SIGKILL)
+        for data in sse_data(r):
+            events.append(data)
+            if len(events) == 3:
+                os.kill(pid, signal.SIGKILL)
     assert len(events) < longest and "error" in json.loads(events[-1])
     t0 = time.monotonic()
     after = _complete(cluster, "After the crash")
@@ -361,10 +360,7 @@ def test_autoscaling_adds_a_replica_under_load_and_drains_it_after(default_onnx:
             payload = {"model": "tiny", "prompt": f"{i} {n} streams " * 12, "max_tokens": 48, "stream": True}
             try:
                 with httpx.stream("POST", f"{url}/v1/completions", json=payload, timeout=60) as r:
-                    # Events end at a blank line; the text inside may hold characters that
-                    # str.splitlines (iter_lines) would split on, such as U+2028.
-                    body = r.read().decode()
-                events = [e[6:] for e in body.split("\n\n") if e.startswith("data: ")]
+                    events = list(sse_data(r))
                 errors = [e for e in events[:-1] if "error" in json.loads(e)]
                 if r.status_code != 200 or errors or events[-1:] != ["[DONE]"]:
                     failed.append(f"{r.status_code}: {events[-2:]}")

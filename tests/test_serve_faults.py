@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serving import AUTH, KEY, metric, running, wait_for
+from serving import AUTH, KEY, metric, running, sse_data, wait_for
 
 import hybridrt
 from hybridrt.runtime.model import Model
@@ -76,7 +76,7 @@ def _events(url: str, body: dict, out: list[list[str]]) -> None:
     out.append(events)
     with httpx.stream("POST", url + "/v1/completions", headers=AUTH, json=body, timeout=120) as r:
         assert r.status_code == 200
-        events += [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        events += list(sse_data(r))
 
 
 def test_sigterm_drains_open_streams_then_exits_0(process: tuple[subprocess.Popen, str]) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from serving import AUTH, KEY, metric, running, wait_for
+from serving import AUTH, KEY, metric, running, sse_data, wait_for
 
 import hybridrt
 from hybridrt.runtime.model import Model
@@ -49,9 +49,9 @@ def _http(server: Running, path: str, body: dict[str, Any]) -> httpx.Response:
 def _http_pieces(server: Running, path: str, body: dict[str, Any], chat: bool) -> list[str]:
     pieces = []
     with httpx.stream("POST", server.url + path, headers=AUTH, json=body | {"stream": True}, timeout=60) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                choice = json.loads(line[6:])["choices"]
+        for data in sse_data(r):
+            if data != "[DONE]":
+                choice = json.loads(data)["choices"]
                 if choice:
                     pieces.append(choice[0]["delta"].get("content") or "" if chat else choice[0]["text"])
     return pieces

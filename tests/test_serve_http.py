@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from serving import AUTH, client_of, metric, running, server_fixture, wait_for
+from serving import AUTH, client_of, metric, running, server_fixture, sse_data, wait_for
 
 import hybridrt
 from hybridrt.runtime.model import Model
@@ -116,7 +116,7 @@ def test_load_tools_default_body_fixes_the_length_and_reports_usage_per_chunk(se
     }
     with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=60) as r:
         assert r.status_code == 200
-        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        events = [json.loads(data) for data in sse_data(r) if data.startswith("{")]
     with_text = [e for e in events if e["choices"]]
     counts = [e["usage"]["completion_tokens"] for e in with_text]
     assert counts == sorted(counts) and counts[-1] == 40 and len(set(counts)) > 1

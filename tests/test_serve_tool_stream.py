@@ -12,7 +12,7 @@ from typing import Any, Literal
 import httpx
 import jsonschema
 import pytest
-from serving import AUTH, client_of, server_fixture
+from serving import AUTH, client_of, server_fixture, sse_data
 from test_serve_structured import SAY, TIME, WEATHER
 
 from hybridrt.runtime.text import decode
@@ -160,9 +160,9 @@ def _stream(server: Running, body: dict[str, Any]) -> list[dict[str, Any]]:
     chunks = []
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=AUTH, timeout=120) as r:
         assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                chunks.append(json.loads(line[6:]))
+        for data in sse_data(r):
+            if data.startswith("{"):
+                chunks.append(json.loads(data))
     return chunks
 
 

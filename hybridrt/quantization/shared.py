@@ -38,8 +38,12 @@ class Quantized:
 
 
 def weights_key(cfg: QuantConfig) -> str:
-    """Every option that changes the weights: all but the KV cache's dtype."""
-    return repr(sorted((k, v) for k, v in dataclasses.asdict(cfg).items() if k != "kv_dtype"))
+    """Every option that changes the weights: all but the KV cache's dtype (which float16
+    converts with the weights)."""
+    fields = dataclasses.asdict(cfg)
+    if cfg.mode != "float16":
+        del fields["kv_dtype"]
+    return repr(sorted(fields.items()))
 
 
 class SharedWeights:
