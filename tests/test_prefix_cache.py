@@ -157,6 +157,40 @@ def test_memory_stays_in_budget_and_valued_states_stay(jamba_onnx: Path) -> None
     assert len(cache) == 3 and cache.stats.evictions == 3
 
 
+def test_memory_and_disk_stay_in_budget_at_every_moment_not_only_after_a_put(jamba_onnx: Path, tmp_path: Path) -> None:
+    """Room is made before an entry counts: at each state file written (an eviction to disk, the
+    slow moment a /metrics reader sees) memory and disk are already within their budgets."""
+    model = hybridrt.load(jamba_onnx)
+    stepper = model.stepper(1, 64)
+    stepper.forward(np.asarray([_prompt(8)], dtype=np.int64))
+    row = stepper.row(0)
+    n = row.nbytes
+    cache = model.state_cache(memory_bytes=2 * n + 10, directory=tmp_path, disk_bytes=3 * n + 10)
+    assert cache.files is not None
+    seen: list[tuple[int, int]] = []
+    write = cache.files.write
+
+    def watched(*args: object, **kwargs: object) -> str:
+        seen.append((cache.memory, cache.disk))
+        return write(*args, **kwargs)  # type: ignore[arg-type]
+
+    cache.files.write = watched  # type: ignore[method-assign]
+    keys = [[k] * 8 for k in range(3, 12)]
+    for key in keys:
+        cache.put(key, row)
+        assert cache.memory <= cache.memory_bytes and cache.disk <= cache.files.cap
+    assert len(seen) == len(keys) - 2  # every entry past the first two went to disk
+    assert all(memory <= cache.memory_bytes and disk + n <= cache.files.cap for memory, disk in seen), seen
+    kept = [key for key in keys if cache.depth(key + [1]) == 8]  # (depth reads nothing back)
+    assert len(kept) == len(cache) == 5  # two in memory, three on disk
+    on_disk = [e for e in cache.entries if e.states is None]
+    assert len(on_disk) == 3
+    seen.clear()
+    assert cache.lookup(list(on_disk[0].node.key()) + [1]) is not None  # read back: one moves out
+    assert cache.memory <= cache.memory_bytes and cache.disk <= cache.files.cap
+    assert all(memory <= cache.memory_bytes and disk + n <= cache.files.cap for memory, disk in seen), seen
+
+
 def test_checkpoints_inside_a_prompt_follow_its_length(jamba_onnx: Path, llama_onnx: Path) -> None:
     jamba, llama = hybridrt.load(jamba_onnx), hybridrt.load(llama_onnx)
     assert spacing_for(8000, 0, 1e-3) == 512 and spacing_for(100, 0, 1e-3) == MIN_SPACING

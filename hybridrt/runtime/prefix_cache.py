@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +25,10 @@ import numpy as np
 
 from ..errors import GenerationError
 from ..graphs.contract import TensorSpec
+from .cache_entry import CacheStats, Entry, Hit
 from .input_checks import available_memory
 from .prefix_plan import fixed_bytes, marks
-from .radix import Node, RadixTree, common_prefix
+from .radix import RadixTree, common_prefix
 from .state import Snapshot, _fit, narrowed, widened
 from .state_files import StateFiles, identity
 
@@ -36,47 +36,6 @@ log = logging.getLogger("hybridrt.cache")
 
 MEMORY_SHARE = 0.25
 STORED = ("float32", "bfloat16")  # how states are kept: as the graph has them, or float32 as bfloat16
-
-
-@dataclass(eq=False)
-class Entry:
-    node: Node[Entry]
-    nbytes: int
-    cost: float  # prefill seconds it saves
-    states: list[np.ndarray] | None  # None: on disk only
-    logits: np.ndarray | None  # [1, V] after the last token, when known
-    has_logits: bool
-    file: str | None = None  # its name in the disk tier
-    hits: int = 0
-    priority: float = 0.0
-    used: int = 0  # when it was last stored or used (breaks ties in value: the older leaves first)
-
-    @property
-    def length(self) -> int:
-        return self.node.depth
-
-
-@dataclass(frozen=True)
-class Hit:
-    """A lookup's answer: resume from `snapshot` (its length tokens seen) and, when the whole
-    request is stored, its last `logits` [1, V]; `agree` tokens agreed with what was stored."""
-
-    snapshot: Snapshot
-    logits: np.ndarray | None
-    agree: int
-
-
-@dataclass
-class CacheStats:
-    lookups: int = 0
-    hits: int = 0
-    hit_tokens: int = 0
-    checkpoints: int = 0
-    evictions: int = 0
-    disk_writes: int = 0
-    disk_reads: int = 0
-    saved_seconds: float = 0.0
-    warnings: list[str] = field(default_factory=list)
 
 
 class StateCache:
@@ -235,10 +194,11 @@ class StateCache:
                 entry.hits = old.hits
             node.value = entry
             entry.priority = self._priority(entry)
+            self._fit(nbytes)  # room first: the budget holds at every moment, not after the fact
             self.entries.add(entry)
             self.memory += nbytes
             self.stats.checkpoints += 1
-            self._fit()
+            self._fit()  # an entry larger than the memory budget goes to disk at once
 
     # Tiers.
 
@@ -247,9 +207,14 @@ class StateCache:
         entry.used = self.uses
         return self.clock + (entry.hits + 1) * entry.cost / max(entry.nbytes, 1)
 
-    def _fit(self) -> None:
-        while self.memory > self.memory_bytes:
-            victim = min((e for e in self.entries if e.states is not None), key=lambda e: (e.priority, e.used))
+    def _fit(self, incoming: int = 0) -> None:
+        """Evict the least valued states until `incoming` more bytes fit in memory (to the disk
+        tier where there is one, itself kept within its cap)."""
+        while self.memory + incoming > self.memory_bytes:
+            held = [e for e in self.entries if e.states is not None]
+            if not held:
+                break
+            victim = min(held, key=lambda e: (e.priority, e.used))
             self.clock = max(self.clock, victim.priority)
             self.stats.evictions += 1
             if self.files is not None and (victim.file is not None or self._write(victim)):
@@ -257,8 +222,14 @@ class StateCache:
                 victim.states, victim.logits = None, None
             else:
                 self._forget(victim)
-        while self.files is not None and self.disk > self.files.cap:
-            victim = min((e for e in self.entries if e.file is not None), key=lambda e: (e.priority, e.used))
+        self._fit_disk()
+
+    def _fit_disk(self, incoming: int = 0) -> None:
+        while self.files is not None and self.disk + incoming > self.files.cap:
+            stored = [e for e in self.entries if e.file is not None]
+            if not stored:
+                break
+            victim = min(stored, key=lambda e: (e.priority, e.used))
             self._drop_file(victim)
             if victim.states is None:
                 self._forget(victim)
@@ -282,9 +253,11 @@ class StateCache:
         if read is None:
             self._forget(entry)
             return None
-        entry.states, entry.logits = read
-        self.memory += entry.nbytes
-        self._fit()
+        self._fit(entry.nbytes)
+        if entry in self.entries:  # (making room may have dropped its file, and so the entry)
+            entry.states, entry.logits = read
+            self.memory += entry.nbytes
+            self._fit()
         return read
 
     def _open(self, root: Path, disk_bytes: int | None) -> None:
@@ -314,6 +287,7 @@ class StateCache:
         if entry.nbytes > self.files.cap:
             return False
         arrays = [*entry.states, *([] if entry.logits is None else [entry.logits])]
+        self._fit_disk(entry.nbytes)
         try:
             entry.file = self.files.write(entry.node.key(), arrays, entry.cost, entry.hits, entry.logits is not None)
         except OSError as e:

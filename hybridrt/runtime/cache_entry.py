@@ -1,0 +1,51 @@
+"""The prefix state cache's records (runtime.prefix_cache): an entry, a lookup's answer, the counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .radix import Node
+from .state import Snapshot
+
+
+@dataclass(eq=False)
+class Entry:
+    node: Node[Entry]
+    nbytes: int
+    cost: float  # prefill seconds it saves
+    states: list[np.ndarray] | None  # None: on disk only
+    logits: np.ndarray | None  # [1, V] after the last token, when known
+    has_logits: bool
+    file: str | None = None  # its name in the disk tier
+    hits: int = 0
+    priority: float = 0.0
+    used: int = 0  # when it was last stored or used (breaks ties in value: the older leaves first)
+
+    @property
+    def length(self) -> int:
+        return self.node.depth
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A lookup's answer: resume from `snapshot` (its length tokens seen) and, when the whole
+    request is stored, its last `logits` [1, V]; `agree` tokens agreed with what was stored."""
+
+    snapshot: Snapshot
+    logits: np.ndarray | None
+    agree: int
+
+
+@dataclass
+class CacheStats:
+    lookups: int = 0
+    hits: int = 0
+    hit_tokens: int = 0
+    checkpoints: int = 0
+    evictions: int = 0
+    disk_writes: int = 0
+    disk_reads: int = 0
+    saved_seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
