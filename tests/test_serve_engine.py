@@ -110,6 +110,33 @@ def test_lone_requests_reuse_the_idle_batch_and_equal_generate_alone(model: hybr
     assert idle[0] is not None and all(b is idle[0] for b in idle)
 
 
+def test_an_idle_engine_gives_the_kept_batch_back_and_the_next_turn_still_resumes(jamba_onnx: Path) -> None:
+    """After idle_release_s without work the emptied decode batch is dropped (its memory given
+    back), its row's states stored first: the conversation's next turn resumes from the cache."""
+    model = hybridrt.load(jamba_onnx)
+    engine = Engine(model, EngineConfig(slots=4, chunk=32, cache_bytes=256 << 20, idle_release_s=0.2)).start()
+    assert engine.ready.wait(60)
+    try:
+        first = _prompt(50)
+        _, result = _submit(engine, first, max_new_tokens=6)
+        assert result.done.wait(120) and result.finish == "length"
+        deadline = time.monotonic() + 10
+        while engine.prompts.idle is None and time.monotonic() < deadline:  # parked after the last token
+            time.sleep(0.01)
+        kept = engine.prompts.idle
+        while engine.prompts.idle is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert kept is not None and engine.prompts.idle is None and engine.batch is None
+        turn = first + result.tokens + _prompt(12, seed=5)
+        _, again = _submit(engine, turn, max_new_tokens=4)
+        assert again.done.wait(120) and again.cached == len(first) + len(result.tokens) - 1
+        assert again.tokens == model.generate(turn, max_new_tokens=4)
+    finally:
+        engine.stop()
+    with pytest.raises(hybridrt.errors.GenerationError, match="idle_release_s"):
+        EngineConfig(idle_release_s=0)
+
+
 def test_admitted_requests_hold_no_states_until_their_prefill(jamba_onnx: Path) -> None:
     """Regression: every admitted request made its own state batch at admission, so 64
     requests arriving together held 64 sets of states before the first had prefilled

@@ -18,8 +18,8 @@ The decode batch and each prefilling request's states are runtime state batches
 (`Model.stepper`): bound on the model's device, so `--provider cuda` keeps every state on
 the GPU between steps; rows join (`extend`) and leave (`reorder`) between steps. A batch
 whose last row left is kept: the next request prefills in its buffers, and one that continues
-what that row has seen (a chat's next turn) continues in it (serve.prefill.Prompts.park).
-Per-request state and the updates sent back are hybridrt.serve.request's.
+what that row has seen (a chat's next turn) continues in it (serve.prefill.Prompts.park); after
+`idle_release_s` without work its memory is given back. Per-request state: serve.request.
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ class Engine:
     def _turn(self) -> bool:
         with self.cond:
             while not (self.waiting or self.prefilling or self.running or self.closing):
-                self.cond.wait()
+                if not self.cond.wait(self.config.idle_release_s) and self.prompts is not None:
+                    self.prompts.release_idle()  # idle a while: the kept batch's memory back
             if self.closing:
                 return False
             admitted = self._admit()
@@ -342,9 +343,6 @@ class Engine:
             req.cancelled = True
 
     def stats(self) -> dict[str, int]:
-        return {
-            "waiting": len(self.waiting),
-            "busy_slots": len(self.prefilling) + len(self.running),
-            "cache_entries": 0 if self.cache is None else len(self.cache),
-            "cache_bytes": 0 if self.cache is None else self.cache.memory,
-        }
+        entries, memory = (0, 0) if self.cache is None else (len(self.cache), self.cache.memory)
+        busy = len(self.prefilling) + len(self.running)
+        return {"waiting": len(self.waiting), "busy_slots": busy, "cache_entries": entries, "cache_bytes": memory}

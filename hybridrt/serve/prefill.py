@@ -103,6 +103,12 @@ class Prompts:
         self._store_idle()
         self.idle, self.idle_seen = batch, seen
 
+    def release_idle(self) -> None:
+        """Give the kept batch's buffers back (the server has been idle a while); what its row
+        has seen goes to the cache first."""
+        self._store_idle()
+        self.idle = None
+
     def _store_idle(self) -> None:
         if self.idle is not None and self.idle_seen is not None:
             self.cache.put(self.idle_seen, self.idle.row(0), None)

@@ -25,11 +25,14 @@ class EngineConfig:
     cache_disk_bytes: int | None = None
     cache_spacing: int | None = None
     cache_stored: str = "float32"  # "bfloat16": float32 states kept at half the bytes (opt-in, not exact)
+    idle_release_s: float = 30.0  # an emptied decode batch's buffers are kept this long for the next request
 
     def __post_init__(self) -> None:
         for name in ("slots", "chunk", "max_queue"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise GenerationError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if not isinstance(self.idle_release_s, (int, float)) or not self.idle_release_s > 0:
+            raise GenerationError(f"idle_release_s must be a number of seconds > 0, got {self.idle_release_s!r}")
         if self.cache_stored not in ("float32", "bfloat16"):
             raise GenerationError(f"cache_stored must be float32 or bfloat16, got {self.cache_stored!r}")
         for name in ("cache_bytes", "cache_disk_bytes", "cache_spacing"):
