@@ -381,14 +381,16 @@ def test_autoscaling_adds_a_replica_under_load_and_drains_it_after(default_onnx:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         with ThreadPoolExecutor(6) as pool:
             clients = [pool.submit(client, i) for i in range(6)]
-            heavy.set()
-            assert wait_for(lambda: len(pids) == 2, 90), f"no second replica under load: {pids}"
-            heavy.clear()  # one client left: a replica drains and goes
-            two = dict(pids)
-            assert wait_for(lambda: sum(map(alive, two.values())) == 1, 120), "no replica was scaled down"
-            [survivor] = [r for r, pid in two.items() if alive(pid)]
-            after = {_complete(url, f"{i} after the load " * 6).headers["x-hybridrt-replica"] for i in range(6)}
-            done.set()
+            try:
+                heavy.set()
+                assert wait_for(lambda: len(pids) == 2, 180), f"no second replica under load: {pids}, {failed[:3]}"
+                heavy.clear()  # one client left: a replica drains and goes
+                two = dict(pids)
+                assert wait_for(lambda: sum(map(alive, two.values())) == 1, 120), "no replica was scaled down"
+                [survivor] = [r for r, pid in two.items() if alive(pid)]
+                after = {_complete(url, f"{i} after the load " * 6).headers["x-hybridrt-replica"] for i in range(6)}
+            finally:
+                done.set()  # the clients stop (a failed assertion above must not leave them asking)
             for c in clients:
                 c.result()
     assert after == {survivor}
