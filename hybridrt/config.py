@@ -83,8 +83,8 @@ class HybridConfig:
     mamba2_groups: int = 1
     mamba2_conv_bias: bool = True
     mamba2_proj_bias: bool = False
-    # Mamba2 as Zamba2 and Nemotron-H run it: dt clamped below at `time_step_min` (0 = no
-    # clamp) and the gated norm's own eps (None: rms_norm_eps).
+    # Mamba2 as Zamba2 (`time_step_min`) and Nemotron-H (`time_step_limit`) run it: dt clamped
+    # below (0 = no clamp) and the gated norm's own eps (None: rms_norm_eps).
     mamba2_dt_min: float = 0.0
     mamba2_norm_eps: float | None = None
     # Scalar multipliers (Granite); the defaults leave a model unchanged.

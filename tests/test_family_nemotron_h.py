@@ -50,7 +50,13 @@ def test_unknown_pattern_letter_is_refused_by_field(ckpt: Path, tmp_path: Path) 
     [
         {"moe_latent_size": 16, "mlp_bias": True},
         {"n_group": 1, "topk_group": 1, "norm_topk_prob": False, "num_experts_per_tok": 3},
-        {"head_dim": 16, "num_key_value_heads": 4, "use_bias": True, "use_conv_bias": False, "time_step_min": 0.05},
+        {
+            "head_dim": 16,
+            "num_key_value_heads": 4,
+            "use_bias": True,
+            "use_conv_bias": False,
+            "time_step_limit": (0.05, float("inf")),
+        },
     ],
     ids=["latent-bias", "no-groups-no-renorm", "wide-heads-mamba-bias-dt-clamp"],
 )

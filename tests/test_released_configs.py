@@ -238,7 +238,7 @@ def test_nemotron_h_mamba_prefixed_names_win_as_in_transformers(tmp_path: Path) 
     import transformers
 
     data = _released("nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")
-    data |= {"mamba_n_groups": 4, "mamba_d_conv": 3, "mamba_conv_bias": False, "mamba_dt_min": 0.002}
+    data |= {"mamba_n_groups": 4, "mamba_d_conv": 3, "mamba_conv_bias": False, "mamba_dt_limit": [0.002, float("inf")]}
     ckpt = _checkpoint(tmp_path, data)
     cfg = load_config(ckpt)[0]
     ref = transformers.AutoConfig.from_pretrained(ckpt)
@@ -246,9 +246,9 @@ def test_nemotron_h_mamba_prefixed_names_win_as_in_transformers(tmp_path: Path) 
         ref.n_groups,
         ref.conv_kernel,
         ref.use_conv_bias,
-        ref.time_step_min,
+        float(ref.time_step_limit[0]),
     )
-    assert (ref.n_groups, ref.conv_kernel, ref.use_conv_bias, ref.time_step_min) == (4, 3, False, 0.002)
+    assert (ref.n_groups, ref.conv_kernel, ref.use_conv_bias, float(ref.time_step_limit[0])) == (4, 3, False, 0.002)
 
 
 @pytest.mark.parametrize(

@@ -5,17 +5,20 @@ chosen by `layers_block_type` (also spelled `layer_types`) or the released
 feed-forward; MLP and MoE layers are a feed-forward with no mixer, so the one checkpoint norm
 `backbone.layers.{i}.norm` maps to input_norm or ffn_norm by the layer's kind.
 
-The Mamba2 mixer clamps dt below at `time_step_min` (transformers ignores `time_step_limit`
-here) and its gated norm uses `layer_norm_epsilon`, like every other norm."""
+The Mamba2 mixer clamps dt to `time_step_limit` (`mamba_dt_limit`), (0, inf) in every released
+config, so no clamp: as the mamba_ssm kernels the models were trained with, and transformers
+from 5.25 (earlier versions clamped at `time_step_min` in their CPU scan). Its gated norm uses
+`layer_norm_epsilon`, like every other norm."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 from ...config import HybridConfig
 from ..loading.registry import Family, register
-from ..loading.translate import SSM_MAX_LENGTH, special_tokens, unsupported
+from ..loading.translate import SSM_MAX_LENGTH, as_float, special_tokens, unsupported
 
 # layers_block_type entry (or pattern letter) -> (mixer kind, ffn kind)
 KINDS = {
@@ -50,6 +53,15 @@ def _mamba(hf: dict[str, Any], legacy: str, name: str, default: Any) -> Any:
     """A Mamba2 field under its `mamba_*` spelling or its own name: transformers takes the
     `mamba_*` one when a config has both."""
     return hf[legacy] if legacy in hf else hf.get(name, default)
+
+
+def _dt_floor(hf: dict[str, Any]) -> float:
+    """The lower bound of `time_step_limit`; an upper bound other than inf is refused."""
+    limit = _mamba(hf, "mamba_dt_limit", "time_step_limit", (0.0, math.inf))
+    low, high = (as_float(v) for v in limit)
+    if high != math.inf:
+        raise unsupported("nemotron_h", "time_step_limit", list(limit), "(low, inf)")
+    return low
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:
@@ -102,7 +114,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         mamba2_groups=_mamba(hf, "mamba_n_groups", "n_groups", 8),
         mamba2_conv_bias=_mamba(hf, "mamba_conv_bias", "use_conv_bias", True),
         mamba2_proj_bias=hf.get("use_bias", False),
-        mamba2_dt_min=float(_mamba(hf, "mamba_dt_min", "time_step_min", 0.001)),
+        mamba2_dt_min=_dt_floor(hf),
         mamba2_norm_eps=eps,
         **special_tokens(hf, bos=1, eos=2, pad=0),
     )

@@ -78,7 +78,7 @@ class Mamba2Mixer(UsesFusedOps, nn.Module):
         xbc = xbc.transpose(1, 2)  # [b, l, conv_dim]
         xs, B, C = torch.split(xbc, [self.d_inner, self.G * self.n, self.G * self.n], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # [b, l, H]
-        if self.dt_min > 0.0:  # Zamba2, Nemotron-H: transformers' chunked scan clamps at time_step_min
-            dt = dt.clamp(min=self.dt_min)  # (its one-token step does not; here both do, so decode == prefill)
+        if self.dt_min > 0.0:  # Zamba2 (time_step_min), Nemotron-H (time_step_limit): transformers'
+            dt = dt.clamp(min=self.dt_min)  # chunked scan clamps; its one-token step does not, here both do
         y, ssm_state = self._ssm(xs, dt, B, C, ssm_state)
         return self.out_proj(self.norm(y, z)), conv_state, ssm_state
