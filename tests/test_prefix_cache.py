@@ -19,6 +19,7 @@ from hybridrt.runtime.decode import prefill_cached
 from hybridrt.runtime.prefix_cache import StateCache
 from hybridrt.runtime.prefix_plan import MIN_SPACING, READ_BYTES_PER_S, TAIL, spacing_for
 from hybridrt.runtime.radix import RadixTree
+from hybridrt.runtime.state import Snapshot
 
 TOL = 1e-5
 
@@ -155,6 +156,32 @@ def test_memory_stays_in_budget_and_valued_states_stay(jamba_onnx: Path) -> None
     assert cache.lookup(keys[0] + [1]) is not None  # outlived five newer ones
     assert cache.lookup(keys[1] + [1]) is None  # the oldest never-used one left
     assert len(cache) == 3 and cache.stats.evictions == 3
+
+
+def test_a_state_is_valued_by_what_it_saves_beyond_its_stored_ancestor(jamba_onnx: Path) -> None:
+    """Request ends a few tokens past a long shared prefix save only those tokens (the prefix's
+    own checkpoint serves the rest): they leave before fresh prompts' states when memory is
+    short, though each holds more tokens."""
+    model = hybridrt.load(jamba_onnx)
+
+    def snapshot(tokens: list[int]) -> Snapshot:
+        stepper = model.stepper(1, len(tokens) + 4)
+        stepper.forward(np.asarray([tokens], dtype=np.int64))
+        return stepper.row(0)
+
+    shared = _prompt(40, seed=1)
+    ends = [shared + _prompt(4, seed=10 + k) for k in range(3)]
+    fresh = [_prompt(24, seed=20 + k) for k in range(4)]
+    rows = {tuple(t): snapshot(t) for t in [shared, *ends, *fresh]}
+    held = sum(rows[tuple(t)].nbytes for t in [shared, *ends, *fresh[:3]])
+    cache = model.state_cache(memory_bytes=held + rows[tuple(fresh[3])].nbytes // 2)
+    for tokens in [shared, *ends, *fresh]:
+        cache.put(tokens, rows[tuple(tokens)])
+        assert cache.memory <= cache.memory_bytes
+    assert cache.stats.evictions == 1
+    # The one that left is a request end (the oldest); the shared prefix and every fresh prompt stay.
+    assert [cache.lookup(t + [1]).snapshot.length for t in ends] == [40, 44, 44]  # type: ignore[union-attr]
+    assert all(cache.lookup(t + [1]).snapshot.length == len(t) for t in [shared, *fresh])  # type: ignore[union-attr]
 
 
 def test_memory_and_disk_stay_in_budget_at_every_moment_not_only_after_a_put(jamba_onnx: Path, tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ class Entry:
     file: str | None = None  # its name in the disk tier
     hits: int = 0
     priority: float = 0.0
+    base: float = 0.0  # the cache's clock when it was last stored or used
     used: int = 0  # when it was last stored or used (breaks ties in value: the older leaves first)
 
     @property

@@ -5,7 +5,9 @@ optionally, on disk (runtime.state_files). Where a prefill stores them is runtim
 Memory is a budget (default: MEMORY_SHARE of the memory available at start). When it is
 exceeded, entries leave in order of value (GreedyDual-Size-Frequency: prefill seconds the entry
 saves per byte, times one plus its hits, on top of a clock that rises with each eviction, so
-old entries age out). With a directory, an evicted entry moves to disk (its own file, read
+old entries age out). What an entry saves is counted beyond its nearest stored ancestor, which
+a lookup would resume from without it: a request's end after a long shared system prompt saves
+its few own tokens, not the whole prompt again, and leaves before a fresh prompt's state. With a directory, an evicted entry moves to disk (its own file, read
 back when a lookup needs it) instead of vanishing, within its own byte cap; a server restarted
 on the same directory finds them again. Files live under the model's identity (a hash of every
 file the export lists and of its state specs): another model never reads them. A directory
@@ -194,6 +196,7 @@ class StateCache:
                 entry.hits = old.hits
             node.value = entry
             entry.priority = self._priority(entry)
+            self._reprice([e for _, e in self.tree.below(node) if e is not entry])
             self._fit(nbytes)  # room first: the budget holds at every moment, not after the fact
             self.entries.add(entry)
             self.memory += nbytes
@@ -204,8 +207,26 @@ class StateCache:
 
     def _priority(self, entry: Entry) -> float:
         self.uses += 1
-        entry.used = self.uses
-        return self.clock + (entry.hits + 1) * entry.cost / max(entry.nbytes, 1)
+        entry.used, entry.base = self.uses, self.clock
+        return self.clock + self._value(entry)
+
+    def _value(self, entry: Entry) -> float:
+        """Prefill seconds per byte that entry saves beyond its nearest stored ancestor, times
+        one plus its hits."""
+        node, above = entry.node.parent, 0
+        while node is not None:
+            if node.value is not None:
+                above = node.depth
+                break
+            node = node.parent
+        own = entry.cost * (entry.length - above) / max(entry.length, 1)
+        return (entry.hits + 1) * own / max(entry.nbytes, 1)
+
+    def _reprice(self, entries: Sequence[Entry]) -> None:
+        """New values for entries whose nearest stored ancestor changed (one was stored or left)."""
+        for entry in entries:
+            if entry in self.entries:
+                entry.priority = entry.base + self._value(entry)
 
     def _fit(self, incoming: int = 0) -> None:
         """Evict the least valued states until `incoming` more bytes fit in memory (to the disk
@@ -241,7 +262,9 @@ class StateCache:
         if entry.file is not None:
             self._drop_file(entry)
         if not keep_node:
+            below = [e for _, e in self.tree.below(entry.node) if e is not entry]
             self.tree.remove(entry.node)
+            self._reprice(below)
 
     def _states(self, entry: Entry) -> tuple[list[np.ndarray], np.ndarray | None] | None:
         """entry's states and logits, read back from disk when they are only there (None if
@@ -276,6 +299,7 @@ class StateCache:
             node.value = entry
             self.entries.add(entry)
             self.disk += entry.nbytes
+        self._reprice(list(self.entries))  # each counted beyond its ancestors, read in any order
         if self.entries:
             where = self.files.where
             log.info("prefix cache: %d stored states (%.1f MB) found in %s", len(self.entries), self.disk / 1e6, where)
