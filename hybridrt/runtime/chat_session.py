@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -11,13 +11,45 @@ from ..errors import GenerationError
 from . import decode as dec
 from .prefix_cache import StateCache
 from .sampling import GenerationConfig
-from .speculative import Draft, check_draft, speculate
+from .speculative import Draft, Source, check_draft, speculate
 from .state import Stepper
 from .streaming import Output, TextStream, deadline_after, until
 from .text import Prompts, need_tokenizer, stop_check
 
-if TYPE_CHECKING:
-    from .model import Model
+
+class Conversant(Source, Protocol):
+    """What a chat session needs of its model (runtime.model.Model)."""
+
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def max_length(self) -> int: ...
+
+    def generation_config(self, **kwargs: Any) -> GenerationConfig: ...
+
+    def prompt_rows(
+        self, prompt: Any, cfg: GenerationConfig | None = None, add_special_tokens: bool = True
+    ) -> Prompts: ...
+
+    def check_length(
+        self, rows: Sequence[Sequence[int]], cfg: GenerationConfig, past: int = 0, memory: bool = True
+    ) -> None: ...
+
+    def _capacity_for(self, rows: Sequence[Sequence[int]], cfg: GenerationConfig, past: int = 0) -> int: ...
+
+    def _steps(
+        self,
+        stepper: Stepper,
+        rows: Sequence[Sequence[int]],
+        cfg: GenerationConfig,
+        stats: dec.GenerationStats,
+        history: Sequence[Sequence[int]] | None = None,
+        cache: StateCache | None = None,
+    ) -> Iterator[np.ndarray]: ...
+
+    def _pieces(self, steps: Iterator[np.ndarray], stats: dec.GenerationStats) -> Iterator[str]: ...
+
+    def _format(self, prompts: Prompts, tokens: list[list[int]], per_prompt: int = 1) -> Output: ...
 
 
 class ChatSession:
@@ -29,7 +61,7 @@ class ChatSession:
     for the conversation (a new session whose history the cache has seen prefills only the
     rest) and stores states there."""
 
-    def __init__(self, model: Model, cache: StateCache | None = None) -> None:
+    def __init__(self, model: Conversant, cache: StateCache | None = None) -> None:
         self.model = model
         self.cache = cache
         self.reset()
@@ -39,15 +71,15 @@ class ChatSession:
         self.stepper: Stepper | None = None
         self.history: list[int] = []  # every token of the conversation, the pending ones included
         self.pending: list[int] = []  # in the history but not yet fed to the states
-        self.draft_model: Model | None = None
+        self.draft_model: Conversant | None = None
         self.draft: Draft | None = None
 
-    def generate(self, prompt: Any, assistant_model: Model | None = None, **kwargs: Any) -> Output:
+    def generate(self, prompt: Any, assistant_model: Conversant | None = None, **kwargs: Any) -> Output:
         """As Model.generate, for one prompt, continuing the conversation."""
         return self.generate_with_stats(prompt, assistant_model, **kwargs)[0]
 
     def generate_with_stats(
-        self, prompt: Any, assistant_model: Model | None = None, timeout: float | None = None, **kwargs: Any
+        self, prompt: Any, assistant_model: Conversant | None = None, timeout: float | None = None, **kwargs: Any
     ) -> tuple[Output, dec.GenerationStats]:
         deadline = deadline_after(timeout)
         cfg, prompts = self._prepare(prompt, kwargs)
@@ -57,7 +89,7 @@ class ChatSession:
         return self.model._format(prompts, stats.tokens), stats
 
     def stream(
-        self, prompt: Any, assistant_model: Model | None = None, timeout: float | None = None, **kwargs: Any
+        self, prompt: Any, assistant_model: Conversant | None = None, timeout: float | None = None, **kwargs: Any
     ) -> TextStream:
         """As Model.stream, continuing the conversation."""
         deadline = deadline_after(timeout)
@@ -87,7 +119,7 @@ class ChatSession:
         prompts: Prompts,
         cfg: GenerationConfig,
         stats: dec.GenerationStats,
-        assistant: Model | None = None,
+        assistant: Conversant | None = None,
     ) -> Iterator[np.ndarray]:
         m = self.model
         new = prompts.rows[0]
