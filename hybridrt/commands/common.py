@@ -8,9 +8,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import default_model
 from ..errors import GraphError
+
+if TYPE_CHECKING:
+    from ..runtime.decode import GenerationStats
+    from ..runtime.streaming import TextStream
 
 
 def stage(t0: float, message: str) -> None:
@@ -53,6 +58,15 @@ class Ticker:
             if message and running >= wait:
                 stage(self.t0, f"{self.prefix}... still {message.strip().rstrip('.')} ({running:.0f} s)")
                 wait = running + min(running, 60.0)
+
+
+def write_stream(stream: TextStream) -> GenerationStats:
+    """Writes each piece of `stream` to stdout as it comes, then a newline; its stats."""
+    for piece in stream:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return stream.stats
 
 
 def model_dir(name: str, isolated: bool = False) -> Path:

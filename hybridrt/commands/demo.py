@@ -39,6 +39,7 @@ def _run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     from ..runtime import load
     from ..runtime.input_checks import check_text
     from ..runtime.sampling import GenerationConfig
+    from .common import write_stream
 
     # The flags are checked before the export, which takes a while.
     check_text([args.prompt])
@@ -69,12 +70,7 @@ def _run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     if args.repetition_penalty is not None:
         kwargs["repetition_penalty"] = args.repetition_penalty
     # The model's recommended settings (<s> first, a repetition penalty) come with its manifest.
-    stream = model.stream(args.prompt, **kwargs)
-    for piece in stream:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
-    stats = stream.stats
+    stats = write_stream(model.stream(args.prompt, **kwargs))
     say(
         f"{stats.new_tokens} tokens: prefill {stats.prompt_tokens} tokens in {stats.prefill_ms:.1f} ms, "
         f"decode {stats.decode_tokens_per_s:.1f} tokens/s"

@@ -23,14 +23,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def read_text(path: Path) -> str:
+    from ..runtime.input_checks import read_utf8
+
     if path.is_dir():
         raise GenerationError(f"--text {path} is a directory; give a UTF-8 text file")
-    if not path.is_file():
-        raise GenerationError(f"text file not found: {path}")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise GenerationError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it first") from None
+    text = read_utf8(path, "text file", hint="; convert it first")
     if not text.strip():
         raise GenerationError(f"{path} is empty; nothing to evaluate")
     return text

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from ..runtime import load, share_thread_pool
-    from .common import model_dir
+    from .common import model_dir, write_stream
 
     if args.assistant is not None:  # two sessions taking turns: one thread pool for both
         share_thread_pool(args.threads or os.cpu_count() or 1, strict=False)
@@ -96,12 +96,7 @@ def run(args: argparse.Namespace) -> int:
         text, stats = model.generate_with_stats(args.prompt, **kwargs)
         print(text)
     else:
-        stream = model.stream(args.prompt, **kwargs)
-        for piece in stream:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
-        stats = stream.stats
+        stats = write_stream(model.stream(args.prompt, **kwargs))
     print(
         f"{stats.new_tokens} tokens on {', '.join(model.providers)}: prefill {stats.prompt_tokens} tokens in "
         f"{stats.prefill_ms:.1f} ms, decode {stats.decode_tokens_per_s:.1f} tokens/s"

@@ -219,6 +219,17 @@ def _quantize(args: argparse.Namespace, say: Callable[[str], None]) -> Manifest:
         raise QuantizationError("give one of --mode MODE, --auto, or --plan PLAN_JSON")
     if args.plan is not None:
         return plan.replay(model_dir(args.model), args.output, args.plan, force=args.force, progress=say)
+    # What --auto and --mode both take: the texts, the calibration windows, the report's size.
+    common = {
+        "calibration": args.calibration,
+        "eval_text": args.eval_text,
+        "samples": args.samples,
+        "seq_len": args.seq_len,
+        "eval_tokens": args.eval_tokens,
+        "agreement_prompts": args.agreement_prompts,
+        "force": args.force,
+        "progress": say,
+    }
     if args.auto:
         return auto.choose(
             model_dir(args.model),
@@ -228,24 +239,13 @@ def _quantize(args: argparse.Namespace, say: Callable[[str], None]) -> Manifest:
             batch=args.batch,
             gates=auto.Gates(args.max_ppl_ratio, args.max_nll_delta, args.max_kl, args.min_greedy_agreement),
             objective=args.objective,
-            eval_text=args.eval_text,
-            calibration=args.calibration,
             only=None if args.candidates is None else [c.strip() for c in args.candidates.split(",")],
-            force=args.force,
-            progress=say,
-            eval_tokens=args.eval_tokens,
-            agreement_prompts=args.agreement_prompts,
-            samples=args.samples,
-            seq_len=args.seq_len,
+            **common,
         )
     return quantize(
         model_dir(args.model),
         args.output,
         args.mode,
-        calibration=args.calibration,
-        eval_text=args.eval_text,
-        force=args.force,
-        progress=say,
         algo=args.algo,
         block_size=args.block_size,
         accuracy_level=args.accuracy_level,
@@ -253,8 +253,6 @@ def _quantize(args: argparse.Namespace, say: Callable[[str], None]) -> Manifest:
         vocab_bits=args.vocab_bits,
         kv_dtype=args.kv_dtype,
         calib_method=args.calib_method,
-        samples=args.samples,
-        seq_len=args.seq_len,
         decode_steps=args.decode_steps,
         exclude=args.exclude,
         include=args.include,
@@ -262,10 +260,9 @@ def _quantize(args: argparse.Namespace, say: Callable[[str], None]) -> Manifest:
         if args.float_activations is None
         else [p for p in args.float_activations if p.lower() != "none"],
         keep_float_default=args.keep_float_default,
-        eval_tokens=args.eval_tokens,
-        agreement_prompts=args.agreement_prompts,
         max_ppl_ratio=args.max_ppl_ratio,
         min_greedy_agreement=args.min_greedy_agreement,
+        **common,
     )
 
 

@@ -46,7 +46,6 @@ output, kind, layer, dims, dtype, reset value), as the transformers-js layout's 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,7 @@ from ..errors import ExportError
 from ..graphs.contract import GraphContract, TensorSpec
 from ..graphs.files import atomic_directory, copy_tokenizer
 from ..graphs.manifest import Manifest
-from .files import Prelude, mask_lengths, save_with_data, set_metadata, value_info, write_around
+from .files import Prelude, mask_lengths, save_with_data, set_metadata, value_info
 
 GENAI = "onnxruntime-genai"
 RUNTIME = "onnxruntime-genai 0.18"
@@ -117,27 +116,6 @@ def runtime_type(pasts: tuple[TensorSpec, ...], layer_types: tuple[str, ...], fa
     return "qwen3_5_text" if recurrent else "decoder"
 
 
-def write_genai(
-    src: Path,
-    out: Path,
-    export: Callable[..., Manifest],
-    *,
-    force: bool,
-    validate: bool,
-    progress: Callable[[str], None],
-) -> Manifest:
-    """Export `src` with hybridrt's own layout, then write genai's directory at `out` around its
-    graph; returns hybridrt's manifest of the inner graph."""
-    return write_around(
-        out,
-        force,
-        lambda inner: export(src, inner, validate=validate, progress=progress),
-        lambda inner, manifest, tmp: _write_layout(inner, manifest, tmp, move=True),
-        progress,
-        GENAI,
-    )
-
-
 def convert(directory: str | Path, out: str | Path, *, force: bool = False) -> Manifest:
     """genai's directory at `out` around the graph of an existing hybridrt ONNX export
     (`directory`, float or quantized: an int4 export's MatMulNBits run in genai as they are);
@@ -158,11 +136,11 @@ def convert(directory: str | Path, out: str | Path, *, force: bool = False) -> M
     if out.exists() and not force:
         raise ExportError(f"output directory {out} already exists; pass --force (force=True) to replace it")
     with atomic_directory(out, ExportError) as tmp:
-        _write_layout(directory, manifest, tmp, move=False)
+        write_layout(directory, manifest, tmp, move=False)
     return manifest
 
 
-def _write_layout(inner: Path, manifest: Manifest, tmp: Path, move: bool) -> None:
+def write_layout(inner: Path, manifest: Manifest, tmp: Path, move: bool) -> None:
     """The graph, tokenizer and genai_config.json of hybridrt's export at `inner` into `tmp`."""
     contract = GraphContract(tuple(manifest.inputs), tuple(manifest.outputs))
     adapt_graph(inner / manifest.graph_file, tmp / GRAPH, contract, pad_token_id(manifest), move=move)

@@ -23,6 +23,7 @@ MatMulInteger), with transformers.js's interface around it (interop.tjs_graph).
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from collections.abc import Callable
@@ -64,13 +65,22 @@ def export_layout(
     the manifest of that inner graph."""
     from ..export.api import writable
     from ..export.hub import resolve
-    from .genai import GENAI, write_genai
+    from .genai import GENAI, write_layout
 
     out = writable(out, force)
     src = resolve(src)
     check_layout(layout, src, format, quantized)
-    writers = {TRANSFORMERS_JS: write_transformers_js, GENAI: write_genai}
-    return writers[layout](src, out, export, force=force, validate=validate, progress=progress or (lambda m: None))
+    say = progress or (lambda m: None)
+    if layout == TRANSFORMERS_JS:  # hybridrt's graph with standard operators, its weights moved
+        options: dict[str, Any] = {"fused_ops": False, "fuse_norms": False}
+        write, runtime = functools.partial(_write, src, move=True), "transformers.js"
+    else:
+        options, write, runtime = {}, functools.partial(write_layout, move=True), GENAI
+
+    def export_inner(inner: Path) -> Manifest:
+        return export(src, inner, validate=validate, progress=say, **options)
+
+    return write_around(out, force, export_inner, write, say, runtime)
 
 
 def check_layout(layout: str, src: Path, format: str, quantized: bool) -> None:
@@ -99,28 +109,6 @@ def _check_transformers_js(src: Path, quantized: bool) -> None:
             "transformers.js 4.3.1 has no causal LM with its states for it; "
             f"supported: {', '.join(sorted(FAMILIES))}"
         )
-
-
-def write_transformers_js(
-    src: Path,
-    out: Path,
-    export: Callable[..., Manifest],
-    *,
-    force: bool,
-    validate: bool,
-    progress: Callable[[str], None],
-) -> Manifest:
-    """Export `src` with hybridrt's own layout (standard operators; quantized if `export`
-    carries a quantizer), then write transformers.js's directory at `out` around its graph;
-    returns hybridrt's manifest of the inner graph."""
-    return write_around(
-        out,
-        force,
-        lambda inner: export(src, inner, validate=validate, fused_ops=False, fuse_norms=False, progress=progress),
-        lambda inner, manifest, tmp: _write(src, inner, manifest, tmp, move=True),
-        progress,
-        "transformers.js",
-    )
 
 
 def convert_transformers_js(src: str | Path, graph_dir: str | Path, out: str | Path) -> Path:

@@ -28,6 +28,7 @@ from onnxruntime.quantization import CalibrationDataReader
 from ..errors import QuantizationError
 from ..graphs.feeds import graph_feeds, zero_states
 from ..graphs.manifest import Manifest
+from ..runtime.input_checks import read_utf8
 
 Feed = dict[str, np.ndarray]
 
@@ -36,12 +37,7 @@ def read_texts(paths: Sequence[str | Path]) -> list[str]:
     """Plain UTF-8 files (the whole file is one text) or JSONL with a "text" field per line."""
     texts: list[str] = []
     for path in map(Path, paths):
-        if not path.is_file():
-            raise QuantizationError(f"calibration file not found: {path}")
-        try:
-            raw = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise QuantizationError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raw = read_utf8(path, "calibration file", QuantizationError)
         if path.suffix.lower() == ".jsonl":
             texts.extend(_jsonl_texts(path, raw))
         elif raw.strip():

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..config import refuse_unknown
 from ..errors import QuantizationError
 
 MODES = {
@@ -85,12 +86,7 @@ class QuantConfig:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> QuantConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(kwargs) - names)
-        if unknown:
-            raise QuantizationError(
-                f"unknown quantization option {', '.join(unknown)}; known: {', '.join(sorted(names))}"
-            )
+        refuse_unknown(cls, kwargs, QuantizationError, "quantization option")
         for key in ("exclude", "include"):
             if key in kwargs and (kwargs[key] is None or isinstance(kwargs[key], list | tuple)):
                 kwargs[key] = tuple(kwargs[key] or ())

@@ -252,6 +252,17 @@ def as_paths(value: object, what: str, error: type[HybridrtError] = GenerationEr
     raise error(f"{what} must be a path or a list of paths, got {_show(value)}")
 
 
+def read_utf8(path: Path, what: str, error: type[HybridrtError] = GenerationError, hint: str = "") -> str:
+    """The text of the file at `path`; `error` naming `what` when there is no such file, or
+    saying where it is not UTF-8 (then `hint`)."""
+    if not path.is_file():
+        raise error(f"{what} not found: {path}")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}){hint}") from None
+
+
 def available_memory() -> int:
     """Bytes of memory available now (MemAvailable on Linux; physical pages elsewhere)."""
     try:

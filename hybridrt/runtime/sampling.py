@@ -13,11 +13,12 @@ Shapes: b = batch rows, V = vocabulary size. `logits` [b, V] float32 (last posit
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..config import refuse_unknown
 from ..errors import GenerationError
 
 
@@ -68,12 +69,7 @@ class GenerationConfig:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> GenerationConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(kwargs) - names)
-        if unknown:
-            raise GenerationError(
-                f"unknown generation parameter {', '.join(unknown)}; known: {', '.join(sorted(names))}"
-            )
+        refuse_unknown(cls, kwargs, GenerationError, "generation parameter")
         cfg = cls(**kwargs)
         cfg.validate()
         return cfg

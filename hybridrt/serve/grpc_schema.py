@@ -38,25 +38,25 @@ _SAMPLING = [
 ]
 OPTIONS = ("options", ".google.protobuf.Struct", "")
 
+
+def _request(given: tuple[str, str, str], *extra: tuple[str, str, str]) -> list[tuple[str, str, str]]:
+    """A request's fields: the model, what it is given, the sampling fields, `extra`, options."""
+    return [("model", "string", ""), given, *_SAMPLING, *extra, OPTIONS]
+
+
 # message -> [(field, type, label)]; field numbers follow the order. Types: a scalar, a message
 # of this package by name, or a fully qualified .google.protobuf one.
 MESSAGES: dict[str, list[tuple[str, str, str]]] = {
-    "CompletionRequest": [
-        ("model", "string", ""),
+    "CompletionRequest": _request(
         ("prompt", "string", "repeated"),  # one prompt, or a batch of them
-        *_SAMPLING,
         ("logprobs", "int32", "optional"),
         ("echo", "bool", "optional"),
-        OPTIONS,
-    ],
-    "ChatRequest": [
-        ("model", "string", ""),
+    ),
+    "ChatRequest": _request(
         ("messages", "Message", "repeated"),
-        *_SAMPLING,
         ("logprobs", "bool", "optional"),
         ("top_logprobs", "int32", "optional"),
-        OPTIONS,
-    ],
+    ),
     "Message": [
         ("role", "string", ""),
         ("content", "string", ""),

@@ -70,19 +70,23 @@ def common(name: str, max_length: int | None) -> dict[str, Any]:
     }
 
 
+def named_schema(name: dict[str, Any], field: str, description: str) -> dict[str, Any]:
+    """A name, a description, a JSON schema under `field` and `strict`, as OpenAI's response
+    format (json_schema) and tool (function) spell them."""
+    schema = {"type": "object", "description": description}
+    properties = {
+        "name": name,
+        "description": {"type": "string"},
+        field: schema,
+        "strict": nullable({"type": "boolean"}),
+    }
+    return obj(properties, ("name",), closed=True)
+
+
 def response_format() -> dict[str, Any]:
     """text, json_object, or json_schema: the reply is decoded under the schema (grammar.py)."""
     kind = {"type": "string", "enum": ["text", "json_object"]}
-    spec = obj(
-        {
-            "name": {"type": "string"},
-            "description": {"type": "string"},
-            "schema": {"type": "object", "description": "a JSON schema the reply is valid against"},
-            "strict": nullable({"type": "boolean"}),
-        },
-        ("name",),
-        closed=True,
-    )
+    spec = named_schema({"type": "string"}, "schema", "a JSON schema the reply is valid against")
     schema = obj({"type": {"const": "json_schema"}, "json_schema": spec}, ("type", "json_schema"), closed=True)
     return {"anyOf": [obj({"type": kind}, ("type",), closed=True), schema]}
 
@@ -90,16 +94,7 @@ def response_format() -> dict[str, Any]:
 def tools() -> dict[str, Any]:
     """Request fields of function calling (tools.py)."""
     name = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}
-    function = obj(
-        {
-            "name": name,
-            "description": {"type": "string"},
-            "parameters": {"type": "object", "description": "a JSON schema of the arguments"},
-            "strict": nullable({"type": "boolean"}),
-        },
-        ("name",),
-        closed=True,
-    )
+    function = named_schema(name, "parameters", "a JSON schema of the arguments")
     tool = obj({"type": {"const": "function"}, "function": function}, ("type", "function"), closed=True)
     named = obj(
         {"type": {"const": "function"}, "function": obj({"name": name}, ("name",), closed=True)},

@@ -8,8 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
+from ..loading.layouts import JAMBA_LAYOUT, ROTARY_CACHE
 from ..loading.registry import Family, register
-from ..loading.translate import check_silu, check_time_step_limit, rope_settings, special_tokens, unsupported
+from ..loading.translate import (
+    check_silu,
+    check_time_step_limit,
+    decoder_fields,
+    rope_settings,
+    special_tokens,
+    unsupported,
+)
 
 MODEL = "falcon_h1"
 
@@ -50,17 +58,9 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     rms_norm = hf.get("mamba_rms_norm", False)
     return HybridConfig.make(  # the multipliers and the Mamba2 variant: kinds.ParallelHybridParams
         model_type=MODEL,
-        vocab_size=hf.get("vocab_size", 128000),
-        hidden_size=d,
         layer_types=("parallel_hybrid",) * n,
         ffn_types=("scaled_mlp",) * n,
         intermediate_size=hf.get("intermediate_size", 14336),
-        num_attention_heads=heads,
-        num_key_value_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=head_dim,
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
-        tie_word_embeddings=hf.get("tie_word_embeddings", False),
-        max_position_embeddings=hf.get("max_position_embeddings", 8192),
         attention_bias=hf.get("attention_bias", False),
         mlp_bias=hf.get("mlp_bias", False),
         # the key multiplier scales every score of the head alike
@@ -83,6 +83,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         mamba2_out_bias=bool(hf.get("projectors_bias", False)),
         mamba2_gated_norm=bool(rms_norm),
         mamba2_norm_before_gate=bool(hf.get("mamba_norm_before_gate", True)),
+        **decoder_fields(hf, d, heads, vocab=128000, eps=1e-5, context=8192, head_dim=head_dim),
         **special_tokens(hf, bos=1, eos=2, pad=0),
         **rope_settings(MODEL, hf),
     )
@@ -92,13 +93,7 @@ FAMILY = register(
     Family(
         model_type=MODEL,
         translate=translate,
-        renames=(
-            (r"^model\.final_layernorm\.", "model.norm."),
-            (r"\.(mamba|self_attn)\.", r".mixer.\1."),
-            (r"\.feed_forward\.", ".ffn."),
-            (r"\.input_layernorm\.", ".input_norm."),
-            (r"\.pre_ff_layernorm\.", ".ffn_norm."),
-        ),
-        ignore=(r"rotary_emb\.inv_freq$", r"mup_vector$"),
+        renames=JAMBA_LAYOUT + ((r"\.(mamba|self_attn)\.", r".mixer.\1."),),  # both mixers, side by side
+        ignore=ROTARY_CACHE + (r"mup_vector$",),
     )
 )

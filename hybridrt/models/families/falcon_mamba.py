@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
+from ..loading.layouts import MAMBA_RENAMES
 from ..loading.registry import Family, register
-from ..loading.translate import MAMBA_RENAMES, mamba_model
+from ..loading.translate import mamba_model
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:

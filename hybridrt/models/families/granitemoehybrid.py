@@ -8,8 +8,17 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
+from ..loading.layouts import JAMBA_MIXER, LLAMA_NORMS, ROTARY_CACHE
 from ..loading.registry import Family, register
-from ..loading.translate import check_silu, layer_kinds, mamba2_fields, rope_settings, special_tokens, unsupported
+from ..loading.translate import (
+    check_silu,
+    decoder_fields,
+    layer_kinds,
+    mamba2_fields,
+    rope_settings,
+    special_tokens,
+    unsupported,
+)
 
 # `position_embedding_type`: "rope", or no positions ("nope" in the released files, or null).
 POSITION_TYPES = (None, "rope", "nope")
@@ -29,18 +38,10 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     rope = rope_settings("granitemoehybrid", hf) if positions == "rope" else {"rope_theta": None}
     return HybridConfig(
         model_type="granitemoehybrid",
-        vocab_size=hf.get("vocab_size", 32000),
-        hidden_size=d,
         layer_types=layer_types,
         ffn_types=("shared_moe" if experts > 0 else "shared_mlp",) * len(layer_types),
         intermediate_size=hf.get("intermediate_size", 11008),
         shared_intermediate_size=hf.get("shared_intermediate_size", 1024),
-        num_attention_heads=heads,
-        num_key_value_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=d // heads,
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        tie_word_embeddings=hf.get("tie_word_embeddings", False),
-        max_position_embeddings=hf.get("max_position_embeddings", 2048),
         attention_bias=hf.get("attention_bias", False),
         num_experts=max(experts, 1),
         num_experts_per_tok=hf.get("num_experts_per_tok", 2),
@@ -49,6 +50,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         residual_multiplier=float(hf.get("residual_multiplier") or 1.0),
         attention_multiplier=float(hf.get("attention_multiplier") or 1.0),
         logits_scaling=float(hf.get("logits_scaling") or 1.0),
+        **decoder_fields(hf, d, heads, vocab=32000, eps=1e-6, context=2048, head_dim=d // heads),
         **special_tokens(hf, bos=1, eos=2, pad=None),
         **mamba2_fields("granitemoehybrid", hf, d),
         **rope,
@@ -59,10 +61,9 @@ FAMILY = register(
     Family(
         model_type="granitemoehybrid",
         translate=translate,
-        renames=(
-            (r"\.(mamba|self_attn)\.", ".mixer."),
-            (r"\.input_layernorm\.", ".input_norm."),
-            (r"\.post_attention_layernorm\.", ".ffn_norm."),
+        renames=JAMBA_MIXER
+        + LLAMA_NORMS
+        + (
             (r"\.shared_mlp\.", ".ffn.shared."),
             # Released files: experts as input_linear/output_linear, router as router.layer.
             (r"\.block_sparse_moe\.input_linear\.weight$", ".ffn.moe.experts.gate_up_proj"),
@@ -70,6 +71,6 @@ FAMILY = register(
             (r"\.block_sparse_moe\.router\.layer\.", ".ffn.moe.router."),
             (r"\.block_sparse_moe\.", ".ffn.moe."),
         ),
-        ignore=(r"rotary_emb\.inv_freq$",),
+        ignore=ROTARY_CACHE,
     )
 )

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
+from ..loading.layouts import LFM2_RENAMES, ROTARY_CACHE
 from ..loading.registry import Family, register
-from ..loading.translate import LFM2_LAYER_KINDS, LFM2_RENAMES, lfm2_fields, unsupported
+from ..loading.translate import LFM2_LAYER_KINDS, lfm2_fields, unsupported
 
 
 def ffn_size(hf: dict[str, Any]) -> int:
@@ -53,6 +54,6 @@ FAMILY = register(
         model_type="lfm2",
         translate=translate,
         renames=LFM2_RENAMES,
-        ignore=(r"rotary_emb\.inv_freq$",),
+        ignore=ROTARY_CACHE,
     )
 )

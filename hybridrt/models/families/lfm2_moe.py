@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
+from ..loading.layouts import LFM2_RENAMES, ROTARY_CACHE
 from ..loading.registry import Family, register
-from ..loading.translate import LFM2_LAYER_KINDS, LFM2_RENAMES, lfm2_fields, unsupported
+from ..loading.translate import LFM2_LAYER_KINDS, lfm2_fields, unsupported
 
 MODEL = "lfm2_moe"
 
@@ -53,6 +54,6 @@ FAMILY = register(
             (r"\.feed_forward\.gate\.", ".ffn.router."),
             (r"\.feed_forward\.", ".ffn."),
         ),
-        ignore=(r"rotary_emb\.inv_freq$",),
+        ignore=ROTARY_CACHE,
     )
 )

@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from ...config import HybridConfig
+from ..loading.layouts import ROTARY_CACHE
 from ..loading.registry import Family, register
 from ..loading.translate import SSM_MAX_LENGTH, as_float, special_tokens, unsupported
 
@@ -150,7 +151,7 @@ FAMILY = register(
             (r"^(backbone|model)\.norm_f\.", "model.norm."),
             (r"^backbone\.", "model."),
         ),
-        ignore=(r"^mtp\.", r"rotary_emb\.inv_freq$"),
+        ignore=ROTARY_CACHE + (r"^mtp\.",),  # the multi-token prediction head
         rename_layer=rename_layer,
     )
 )

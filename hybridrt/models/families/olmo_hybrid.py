@@ -14,8 +14,9 @@ import re
 from typing import Any
 
 from ...config import HybridConfig
+from ..loading.layouts import ROTARY_CACHE
 from ..loading.registry import Family, Merge, concat, register
-from ..loading.translate import check_silu, rope_settings, special_tokens, unsupported
+from ..loading.translate import check_silu, decoder_fields, rope_settings, special_tokens, unsupported
 
 MODEL = "olmo_hybrid"
 KINDS = {"linear_attention": ("gated_delta", "mlp"), "full_attention": ("post_norm_attention", "post_norm_mlp")}
@@ -56,17 +57,9 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     k_dim = hf.get("linear_key_head_dim") or int(0.75 * d / k_heads)
     return HybridConfig.make(
         model_type=MODEL,
-        vocab_size=hf.get("vocab_size", 100352),
-        hidden_size=d,
         layer_types=tuple(KINDS[k][0] for k in kinds),
         ffn_types=tuple(KINDS[k][1] for k in kinds),
         intermediate_size=hf.get("intermediate_size", 11008),
-        num_attention_heads=heads,
-        num_key_value_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=d // heads,
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        tie_word_embeddings=hf.get("tie_word_embeddings", False),
-        max_position_embeddings=hf.get("max_position_embeddings", 65536),
         attention_bias=hf.get("attention_bias", False),
         qk_norm=True,
         gdn_k_heads=k_heads,
@@ -77,6 +70,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         gdn_split_proj=True,
         gdn_norm_eps=1e-5,  # transformers' OlmoHybridRMSNormGated(eps=1e-5), as FLA's fused norm
         gdn_beta_scale=2.0 if hf.get("linear_allow_neg_eigval", True) else 1.0,
+        **decoder_fields(hf, d, heads, vocab=100352, eps=1e-6, context=65536, head_dim=d // heads),
         **special_tokens(hf, bos=None, eos=100257, pad=100277),
         **_rope(hf),
     )
@@ -120,7 +114,7 @@ FAMILY = register(
             (r"\.input_layernorm\.", ".input_norm."),
             (r"\.mlp\.", ".ffn."),
         ),
-        ignore=(r"rotary_emb\.inv_freq$",),
+        ignore=ROTARY_CACHE,
         rename_layer=rename_layer,
         merges=tuple(
             Merge(rf"^(.*\.mixer\.{part})\.(q|k|v)$", r"\1.weight", r"\2", concat(("q", "k", "v")))

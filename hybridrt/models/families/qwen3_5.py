@@ -12,20 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...config import HybridConfig
 from ..loading.registry import register
-from ..loading.translate import qwen3_5_families, qwen_gdn_fields
+from ..loading.translate import qwen3_5_families
 
 
-def translate(hf: dict[str, Any], model_type: str = "qwen3_5_text") -> HybridConfig:
-    fields = qwen_gdn_fields(model_type, hf)
-    n = len(fields["layer_types"])
-    return HybridConfig.make(
-        ffn_types=("mlp",) * n,
-        intermediate_size=hf.get("intermediate_size", 12288),
-        gdn_split_proj=True,
-        **fields,
-    )
+def ffn_fields(hf: dict[str, Any], n: int) -> dict[str, Any]:
+    """A dense SwiGLU MLP on each of the n layers."""
+    return {"ffn_types": ("mlp",) * n, "intermediate_size": hf.get("intermediate_size", 12288)}
 
 
-FAMILY, MULTIMODAL = (register(f) for f in qwen3_5_families("qwen3_5_text", "qwen3_5", translate))
+FAMILY, MULTIMODAL = (register(f) for f in qwen3_5_families("qwen3_5_text", "qwen3_5", ffn_fields))

@@ -8,24 +8,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...config import HybridConfig
 from ..loading.registry import register
-from ..loading.translate import qwen3_5_families, qwen_gdn_fields
+from ..loading.translate import qwen3_5_families
 
 
-def translate(hf: dict[str, Any], model_type: str = "qwen3_5_moe_text") -> HybridConfig:
-    fields = qwen_gdn_fields(model_type, hf)
-    n = len(fields["layer_types"])
-    return HybridConfig.make(
-        ffn_types=("gated_shared_moe",) * n,
-        moe_intermediate_size=hf.get("moe_intermediate_size", 512),
-        shared_intermediate_size=hf.get("shared_expert_intermediate_size", 512),
-        num_experts=hf.get("num_experts", 512),
-        num_experts_per_tok=hf.get("num_experts_per_tok", 10),
-        moe_renormalize=True,
-        gdn_split_proj=True,
-        **fields,
-    )
+def ffn_fields(hf: dict[str, Any], n: int) -> dict[str, Any]:
+    """The sparse MoE block beside a gated shared expert on each of the n layers."""
+    return {
+        "ffn_types": ("gated_shared_moe",) * n,
+        "moe_intermediate_size": hf.get("moe_intermediate_size", 512),
+        "shared_intermediate_size": hf.get("shared_expert_intermediate_size", 512),
+        "num_experts": hf.get("num_experts", 512),
+        "num_experts_per_tok": hf.get("num_experts_per_tok", 10),
+        "moe_renormalize": True,
+    }
 
 
-FAMILY, MULTIMODAL = (register(f) for f in qwen3_5_families("qwen3_5_moe_text", "qwen3_5_moe", translate))
+FAMILY, MULTIMODAL = (register(f) for f in qwen3_5_families("qwen3_5_moe_text", "qwen3_5_moe", ffn_fields))

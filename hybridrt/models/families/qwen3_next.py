@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import HybridConfig
+from ..loading.layouts import QWEN_GDN_IGNORE, QWEN_GDN_RENAMES
 from ..loading.registry import Family, register
-from ..loading.translate import QWEN_GDN_IGNORE, QWEN_GDN_RENAMES, qwen_gdn_fields, qwen_zero_centered
+from ..loading.translate import qwen_gdn_fields, qwen_zero_centered
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:

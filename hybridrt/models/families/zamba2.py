@@ -16,6 +16,7 @@ from typing import Any
 
 from ...config import HybridConfig
 from ...kinds import Zamba2Params
+from ..loading.layouts import ROTARY_CACHE
 from ..loading.registry import Family, register
 from ..loading.translate import rope_settings, special_tokens, unsupported
 
@@ -118,7 +119,7 @@ FAMILY = register(
         model_type="zamba2",
         translate=translate,
         renames=((r"^model\.final_layernorm\.", "model.norm."),),
-        ignore=(r"rotary_emb\.inv_freq$",),
+        ignore=ROTARY_CACHE,
         rename_layer=rename_layer,
     )
 )

@@ -3,8 +3,8 @@
 A family is one module under `families/` that calls `register`: `discover()` imports every
 module there (no list to edit) and any distribution's `hybridrt.families` entry point, so a
 family outside this package registers the same way. No family imports another; what they
-share is in `models.loading.translate`. Torch-free: translating a config needs no model code (a
-merge's combine imports torch when the loader calls it).
+share is in `models.loading.translate` and `models.loading.layouts`. Torch-free: translating a
+config needs no model code (a merge's combine imports torch when the loader calls it).
 """
 
 from __future__ import annotations

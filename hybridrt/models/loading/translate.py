@@ -1,5 +1,6 @@
 """Helpers shared by the family translators (hybridrt.models.families.*): no family imports
-another, so what two families share lives here. Torch-free.
+another, so what two families share lives here (their checkpoint layouts in `layouts`).
+Torch-free.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from ...config import HybridConfig
 from ...errors import UnsupportedArchitectureError
+from .layouts import QWEN_GDN_IGNORE, QWEN_MULTIMODAL_IGNORE, QWEN_MULTIMODAL_RENAMES
 from .registry import Family
 
 
@@ -99,6 +101,71 @@ def check_silu(model_type: str, hf: dict[str, Any]) -> None:
         raise unsupported(model_type, "hidden_act", hf["hidden_act"], "silu")
 
 
+def decoder_fields(
+    hf: dict[str, Any], d: int, heads: int, *, vocab: int, eps: float, context: int, head_dim: int | None = None
+) -> dict[str, Any]:
+    """The vocabulary, width, attention head, norm, embedding and context fields under the
+    names transformers' decoder configs share, with the family's defaults. `head_dim`: the
+    family's own rule; None reads the config's `head_dim`, else d // heads."""
+    return {
+        "vocab_size": hf.get("vocab_size", vocab),
+        "hidden_size": d,
+        "num_attention_heads": heads,
+        "num_key_value_heads": hf.get("num_key_value_heads") or heads,
+        "head_dim": (hf.get("head_dim") or d // heads) if head_dim is None else head_dim,
+        "rms_norm_eps": hf.get("rms_norm_eps", eps),
+        "tie_word_embeddings": hf.get("tie_word_embeddings", False),
+        "max_position_embeddings": hf.get("max_position_embeddings", context),
+    }
+
+
+def ssm_stack(
+    model_type: str, hf: dict[str, Any], kind: str, *, n: int, d: int, vocab: int, tie: bool
+) -> dict[str, Any]:
+    """The fields of a stack of `kind` mixers with no feed-forward (Mamba's and Mamba2's
+    configs), `n`, `d`, `vocab` and `tie` the defaults of its layer count, width, vocabulary and
+    tied embeddings."""
+    check_silu(model_type, hf)
+    layers = hf.get("num_hidden_layers", n)
+    return {
+        "model_type": model_type,
+        "vocab_size": hf.get("vocab_size", vocab),
+        "hidden_size": hf.get("hidden_size", d),
+        "layer_types": (kind,) * layers,
+        "ffn_types": ("none",) * layers,
+        "rms_norm_eps": hf.get("layer_norm_epsilon", 1e-5),
+        "tie_word_embeddings": hf.get("tie_word_embeddings", tie),
+        "max_position_embeddings": SSM_MAX_LENGTH,
+    }
+
+
+# Mamba1's fields as MambaConfig names them and as Jamba's config does (with the same defaults).
+MAMBA1_NAMES = ("state_size", "conv_kernel", "expand", "time_step_rank", "use_conv_bias", "use_bias")
+JAMBA_MAMBA1_NAMES = (
+    "mamba_d_state",
+    "mamba_d_conv",
+    "mamba_expand",
+    "mamba_dt_rank",
+    "mamba_conv_bias",
+    "mamba_proj_bias",
+)
+
+
+def mamba1_fields(hf: dict[str, Any], d: int, names: tuple[str, ...] = MAMBA1_NAMES) -> dict[str, Any]:
+    """The Mamba1 mixer's fields, read under `names` (MAMBA1_NAMES' order); dt_rank "auto" is
+    ceil(d / 16)."""
+    state, conv, expand, rank, conv_bias, proj_bias = names
+    dt_rank = hf.get(rank, "auto")
+    return {
+        "mamba_d_state": hf.get(state, 16),
+        "mamba_d_conv": hf.get(conv, 4),
+        "mamba_expand": hf.get(expand, 2),
+        "mamba_dt_rank": -(-d // 16) if dt_rank == "auto" else int(dt_rank),
+        "mamba_conv_bias": hf.get(conv_bias, True),
+        "mamba_proj_bias": hf.get(proj_bias, False),
+    }
+
+
 # Released files spell the layer kinds "mamba"/"attention" (`layers_block_type`); newer
 # transformers write "linear_attention"/"full_attention" (`layer_types`).
 LAYER_KINDS = {"mamba": "mamba2", "linear_attention": "mamba2", "attention": "attention", "full_attention": "attention"}
@@ -132,39 +199,12 @@ def mamba2_fields(model_type: str, hf: dict[str, Any], d: int) -> dict[str, Any]
     }
 
 
-MAMBA_RENAMES = (
-    (r"^backbone\.embeddings\.", "model.embed_tokens."),
-    (r"^backbone\.norm_f\.", "model.norm."),
-    (r"^backbone\.layers\.(\d+)\.norm\.", r"model.layers.\1.input_norm."),
-    (r"^backbone\.", "model."),
-)
-
-
 def mamba_model(model_type: str, hf: dict[str, Any], **changes: Any) -> HybridConfig:
     """A stack of Mamba1 mixers (`MambaForCausalLM` and the families that share its config)."""
-    check_silu(model_type, hf)
-    n = hf.get("num_hidden_layers", 32)
-    d = hf.get("hidden_size", 768)
-    rank = hf.get("time_step_rank", "auto")
-    fields: dict[str, Any] = dict(
-        model_type=model_type,
-        vocab_size=hf.get("vocab_size", 50280),
-        hidden_size=d,
-        layer_types=("mamba",) * n,
-        ffn_types=("none",) * n,
-        rms_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-        tie_word_embeddings=hf.get("tie_word_embeddings", True),
-        max_position_embeddings=SSM_MAX_LENGTH,
-        mamba_d_state=hf.get("state_size", 16),
-        mamba_d_conv=hf.get("conv_kernel", 4),
-        mamba_expand=hf.get("expand", 2),
-        mamba_dt_rank=-(-d // 16) if rank == "auto" else int(rank),
-        mamba_conv_bias=hf.get("use_conv_bias", True),
-        mamba_proj_bias=hf.get("use_bias", False),
-        mamba_inner_norms=False,
-        **special_tokens(hf, bos=0, eos=0, pad=0),
-    )
-    return HybridConfig.make(**(fields | changes))  # the inner norms: kinds.MambaParams
+    fields = ssm_stack(model_type, hf, "mamba", n=32, d=768, vocab=50280, tie=True)
+    fields |= mamba1_fields(hf, fields["hidden_size"])
+    fields |= special_tokens(hf, bos=0, eos=0, pad=0)
+    return HybridConfig.make(**(fields | {"mamba_inner_norms": False} | changes))  # the inner norms: kinds.MambaParams
 
 
 # Qwen3-Next and Qwen3.5: Gated DeltaNet ("linear_attention") and gated attention
@@ -192,15 +232,7 @@ def qwen_gdn_fields(model_type: str, hf: dict[str, Any]) -> dict[str, Any]:
     rope = rope_settings(model_type, hf, handled=("partial_rotary_factor", "mrope_section", "mrope_interleaved"))
     return dict(
         model_type=model_type,
-        vocab_size=hf.get("vocab_size", 151936),
-        hidden_size=d,
         layer_types=tuple(QWEN_GDN_KINDS[k] for k in kinds),
-        num_attention_heads=heads,
-        num_key_value_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or d // heads,
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        tie_word_embeddings=hf.get("tie_word_embeddings", False),
-        max_position_embeddings=hf.get("max_position_embeddings", 32768),
         attention_bias=hf.get("attention_bias", False),
         qk_norm=True,
         attn_output_gate=True,
@@ -210,19 +242,10 @@ def qwen_gdn_fields(model_type: str, hf: dict[str, Any]) -> dict[str, Any]:
         gdn_k_head_dim=hf.get("linear_key_head_dim", 128),
         gdn_v_head_dim=hf.get("linear_value_head_dim", 128),
         gdn_conv_kernel=hf.get("linear_conv_kernel_dim", 4),
+        **decoder_fields(hf, d, heads, vocab=151936, eps=1e-6, context=32768),
         **special_tokens(hf, bos=None, eos=None, pad=None),
         **rope,
     )
-
-
-QWEN_GDN_RENAMES = (
-    (r"\.(linear_attn|self_attn)\.", ".mixer."),
-    (r"\.input_layernorm\.", ".input_norm."),
-    (r"\.post_attention_layernorm\.", ".ffn_norm."),
-    (r"\.mlp\.gate\.weight$", ".ffn.router.weight"),
-    (r"\.mlp\.", ".ffn."),
-)
-QWEN_GDN_IGNORE = (r"rotary_emb\.inv_freq$", r"^mtp\.")
 
 
 def qwen_zero_centered(name: str, tensor: Any, cfg: HybridConfig) -> Any:
@@ -246,25 +269,7 @@ def qwen_text_config(hf: dict[str, Any]) -> dict[str, Any]:
     return text
 
 
-# A multimodal Qwen3.5 checkpoint: the language model under `model.language_model.`, the vision
-# tower under `model.visual.` (not needed for text).
-QWEN_MULTIMODAL_RENAMES = ((r"^model\.language_model\.", "model."),) + QWEN_GDN_RENAMES
-QWEN_MULTIMODAL_IGNORE = QWEN_GDN_IGNORE + (r"^model\.visual\.",)
-
-
 LFM2_LAYER_KINDS = {"conv": "conv", "full_attention": "attention"}
-LFM2_RENAMES = (
-    (r"^model\.embedding_norm\.", "model.norm."),
-    (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."),
-    (r"\.self_attn\.q_layernorm\.", ".self_attn.q_norm."),
-    (r"\.self_attn\.k_layernorm\.", ".self_attn.k_norm."),
-    (r"\.self_attn\.", ".mixer."),
-    (r"^model\.layers\.(\d+)\.conv\.", r"model.layers.\1.mixer."),
-    (r"\.operator_norm\.", ".input_norm."),
-    (r"\.feed_forward\.w1\.", ".ffn.gate_proj."),
-    (r"\.feed_forward\.w3\.", ".ffn.up_proj."),
-    (r"\.feed_forward\.w2\.", ".ffn.down_proj."),
-)
 
 
 def lfm2_fields(model_type: str, hf: dict[str, Any], heads: int) -> dict[str, Any]:
@@ -285,10 +290,16 @@ def lfm2_fields(model_type: str, hf: dict[str, Any], heads: int) -> dict[str, An
 
 
 def qwen3_5_families(
-    text_type: str, multimodal_type: str, translate: Callable[[dict[str, Any], str], HybridConfig]
+    text_type: str, multimodal_type: str, ffn: Callable[[dict[str, Any], int], dict[str, Any]]
 ) -> tuple[Family, Family]:
     """A Qwen3.5 text checkpoint and its multimodal one, read as its language model (the
-    `text_config`, weights under `model.language_model.`, the vision tower left out)."""
+    `text_config`, weights under `model.language_model.`, the vision tower left out).
+    `ffn(hf, n)`: the feed-forward fields of n layers."""
+
+    def translate(hf: dict[str, Any], model_type: str) -> HybridConfig:
+        fields = qwen_gdn_fields(model_type, hf)
+        return HybridConfig.make(gdn_split_proj=True, **ffn(hf, len(fields["layer_types"])), **fields)
+
     common: dict[str, Any] = {"convert": qwen_zero_centered}
     text = Family(text_type, lambda hf: translate(hf, text_type), QWEN_MULTIMODAL_RENAMES, QWEN_GDN_IGNORE, **common)
     multimodal = Family(

@@ -34,10 +34,14 @@ class GatedRMSNorm(nn.Module):
         if self.group_size == h.shape[-1]:  # one group: a plain RMSNorm, which export fuses into one node
             h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
             return self.weight * h.to(dtype)
+        return self.weight * self.grouped(h).to(dtype)
+
+    def grouped(self, h: torch.Tensor) -> torch.Tensor:
+        """h [..., d_inner] with each group of `group_size` channels RMS-normalized (no weight)."""
         shape = h.shape
         h = h.view(*shape[:-1], shape[-1] // self.group_size, self.group_size)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.view(shape).to(dtype)
+        return h.view(shape)
 
 
 class Mamba2Mixer(UsesFusedOps, nn.Module):

@@ -19,25 +19,16 @@ from ...kinds import ParallelHybridParams
 from ..context import MixerContext
 from ..layers import MLP, Attention
 from ..ops import causal_conv
-from .mamba2 import Mamba2Mixer
+from .mamba2 import GatedRMSNorm, Mamba2Mixer
 
 
-class GroupRMSNormThenGate(nn.Module):
+class GroupRMSNormThenGate(GatedRMSNorm):
     """RMSNorm of y over groups of `group_size` channels, then times silu(z) (transformers'
     `FalconH1RMSNormGated` with norm_before_gate). y, z [b, l, d_ssm] -> [b, l, d_ssm]."""
 
-    def __init__(self, dim: int, group_size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.group_size, self.eps = group_size, eps
-
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         dtype = y.dtype
-        h = y.float()
-        shape = h.shape
-        h = h.view(*shape[:-1], shape[-1] // self.group_size, self.group_size)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        h = self.weight * h.view(shape)
+        h = self.weight * self.grouped(y.float())
         return (h * F.silu(z.float())).to(dtype)
 
 

@@ -1,8 +1,8 @@
 """Fused-kernel seams: torch custom ops whose PyTorch body is the reference computation and
 whose ONNX translation is an onnxruntime `com.microsoft` operator.
 
-One module per op holds all of it: the reference, the custom op and its fake, the wrapper a
-mixer calls (with the mixer's `fused`), the onnxscript translation, and where onnxruntime
+One module per op holds all of it: the reference, the custom op and its fake and the function
+a mixer calls with its `fused` (registry.fusable makes both), the onnxscript translation, and where onnxruntime
 needs them the shape rule of its node and the expansion of its placeholder. Each registers
 itself (registry.register); export reads the registry (onnx_translations, shape_rules,
 expand_placeholders).

@@ -12,29 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
-from ..recurrences.delta_scan import gated_delta_scan as _gated_delta_reference
+from ..recurrences.delta_scan import gated_delta_scan
 from . import linear_attention
-from .registry import FusedOp, custom_op, register
+from .registry import FusedOp, fusable, register
 
-_gated_delta_op = custom_op("gated_delta", _gated_delta_reference, like=(2, 5))
-
-
-def gated_delta(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    s0: torch.Tensor,
-    chunk: int,
-    max_len: int,
-    *,
-    fused: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q, k [b, l, H, K], v [b, l, H, V], g, beta [b, l, H], s0 [b, H, K, V] -> o [b, l, H, V], s [b, H, K, V]."""
-    return (_gated_delta_op if fused else _gated_delta_reference)(q, k, v, g, beta, s0, chunk, max_len)
+gated_delta = fusable("gated_delta", gated_delta_scan, like=(2, 5))
 
 
 def _translation() -> Callable[..., Any]:

@@ -25,7 +25,7 @@ import onnx
 import torch
 import torch.nn.functional as F
 
-from .registry import FusedOp, custom_op, register
+from .registry import FusedOp, fusable, register
 
 MS_DOMAIN = "com.microsoft"
 
@@ -33,7 +33,8 @@ MS_DOMAIN = "com.microsoft"
 def moe_reference(
     x: torch.Tensor, logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, k: int, renormalize: bool
 ) -> torch.Tensor:
-    """x [n, d], router logits [n, E], gate_up [E, 2f, d], down [E, d, f] -> [n, d]."""
+    """The experts' weighted sum for each token: x [n, d], router logits [n, E], gate_up
+    [E, 2f, d], down [E, d, f] -> [n, d]."""
     probs = torch.softmax(logits.float(), dim=-1)
     top_w, top_i = torch.topk(probs, k, dim=-1)
     if renormalize:
@@ -44,21 +45,7 @@ def moe_reference(
     return (y * weights.unsqueeze(-1)).sum(dim=1)
 
 
-_moe_op = custom_op("moe", moe_reference, like=0)
-
-
-def moe(
-    x: torch.Tensor,
-    logits: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    k: int,
-    renormalize: bool,
-    *,
-    fused: bool = False,
-) -> torch.Tensor:
-    """The experts' weighted sum for each token: x [n, d], logits [n, E] -> [n, d]."""
-    return (_moe_op if fused else moe_reference)(x, logits, gate_up, down, k, renormalize)
+moe = fusable("moe", moe_reference, like=0)
 
 
 def _translation() -> Callable[..., Any]:

@@ -14,7 +14,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import onnx
 import torch
@@ -26,6 +26,7 @@ SCAN_DOMAIN = "hybridrt.export"
 # A shape rule: rule(helper, node) fills in the node's output value infos (helper: onnxruntime's
 # SymbolicShapeInferenceHelper, export.fuse).
 ShapeRule = Callable[[Any, onnx.NodeProto], None]
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,19 @@ def custom_op(name: str, reference: Callable[..., Any], like: int | tuple[int, .
         return torch.empty_like(args[like]) if isinstance(like, int) else tuple(torch.empty_like(args[i]) for i in like)
 
     return op
+
+
+def fusable(name: str, reference: Callable[..., R], like: int | tuple[int, ...]) -> Callable[..., R]:
+    """The function a mixer calls, `f(*args, fused=False)`: `reference` itself, or with `fused`
+    its custom op torch.ops.hybridrt.<name> (custom_op; `like` as there). It keeps the
+    reference's name and docstring."""
+    op = custom_op(name, reference, like)
+
+    def call(*args: Any, fused: bool = False) -> R:
+        return op(*args) if fused else reference(*args)  # type: ignore[no-any-return]
+
+    functools.update_wrapper(call, reference)
+    return call
 
 
 def onnx_translations() -> dict[object, object]:

@@ -18,7 +18,7 @@ import torch
 
 from ...graphs.edit import constant_value, prune
 from ..recurrences.scan import linear_scan
-from .registry import SCAN_DOMAIN, FusedOp, custom_op, register
+from .registry import SCAN_DOMAIN, FusedOp, fusable, register
 
 
 def _scan_reference(
@@ -31,33 +31,17 @@ def _scan_reference(
     chunk: int,
     max_len: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """xdt, dt [b, l, H], A [n, H], B, C [b, l, n], h0 [b, n, H] -> y [b, l, H], h [b, n, H]."""
+    """The Mamba1 recurrence h_t = exp(dt_t A) h_{t-1} + (dt x)_t B_t, y_t = h_t C_t.
+
+    xdt = dt x and dt [b, l, H], A [n, H], B, C [b, l, n], h0 [b, n, H] (the graph contract's
+    state layout: channels innermost, like A) -> y [b, l, H], h [b, n, H]."""
     u = B.unsqueeze(-1) * xdt.unsqueeze(2)  # [b, l, n, H]
     decay = torch.exp(dt.unsqueeze(2) * A)
     h, last = linear_scan(decay, u, h0, chunk, max_len)
     return (h * C.unsqueeze(-1)).sum(2), last
 
 
-_selective_scan_op = custom_op("selective_scan", _scan_reference, like=(0, 5))
-
-
-def selective_scan(
-    xdt: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    h0: torch.Tensor,
-    chunk: int,
-    max_len: int,
-    *,
-    fused: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Mamba1 recurrence h_t = exp(dt_t A) h_{t-1} + (dt x)_t B_t, y_t = h_t C_t.
-
-    xdt = dt x and dt [b, l, H], A [n, H], B, C [b, l, n], h0 [b, n, H] (the graph contract's
-    state layout: channels innermost, like A) -> y [b, l, H], h [b, n, H]."""
-    return (_selective_scan_op if fused else _scan_reference)(xdt, dt, A, B, C, h0, chunk, max_len)
+selective_scan = fusable("selective_scan", _scan_reference, like=(0, 5))
 
 
 def _translation() -> Callable[..., Any]:

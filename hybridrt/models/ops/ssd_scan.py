@@ -20,7 +20,7 @@ import torch
 
 from ..recurrences.scan import ssd_scan as _ssd_reference
 from . import linear_attention
-from .registry import FusedOp, custom_op, register
+from .registry import FusedOp, fusable, register
 
 
 def _ssd_packed(
@@ -33,6 +33,11 @@ def _ssd_packed(
     chunk: int,
     max_len: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Mamba2 scan on packed channels: xs [b, l, H P], dt [b, l, H], A [H], B, C [b, l, G n],
+    h0 [b, H, n, P] -> y [b, l, H P] (without the D skip), h [b, H, n, P].
+
+    Head h reads x channels h P .. h P + P - 1 and the B and C of group h // (H / G); the
+    state layout is the graph contract's. scan.ssd_scan computes it in [b, H, P, n]."""
     b, l = xs.shape[0], xs.shape[1]
     H, n, P = h0.shape[1], h0.shape[2], h0.shape[3]
     G = B.shape[-1] // n
@@ -45,27 +50,7 @@ def _ssd_packed(
     return y.reshape(b, l, H * P), h.transpose(-1, -2)
 
 
-_ssd_scan_op = custom_op("ssd_scan", _ssd_packed, like=(0, 5))
-
-
-def ssd_scan(
-    xs: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    h0: torch.Tensor,
-    chunk: int,
-    max_len: int,
-    *,
-    fused: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Mamba2 scan on packed channels: xs [b, l, H P], dt [b, l, H], A [H], B, C [b, l, G n],
-    h0 [b, H, n, P] -> y [b, l, H P] (without the D skip), h [b, H, n, P].
-
-    Head h reads x channels h P .. h P + P - 1 and the B and C of group h // (H / G); the
-    state layout is the graph contract's. scan.ssd_scan computes it in [b, H, P, n]."""
-    return (_ssd_scan_op if fused else _ssd_packed)(xs, dt, A, B, C, h0, chunk, max_len)
+ssd_scan = fusable("ssd_scan", _ssd_packed, like=(0, 5))
 
 
 def _translation() -> Callable[..., Any]:
