@@ -7,13 +7,14 @@ exceeded, entries leave in order of value (GreedyDual-Size-Frequency: prefill se
 saves per byte, times one plus its hits, on top of a clock that rises with each eviction, so
 old entries age out). What an entry saves is counted beyond its nearest stored ancestor, which
 a lookup would resume from without it: a request's end after a long shared system prompt saves
-its few own tokens, not the whole prompt again, and leaves before a fresh prompt's state. With a directory, an evicted entry moves to disk (its own file, read
-back when a lookup needs it) instead of vanishing, within its own byte cap; a server restarted
-on the same directory finds them again. Files live under the model's identity (a hash of every
-file the export lists and of its state specs): another model never reads them. A directory
-that cannot be written turns the disk tier off with a warning; no request fails for it.
-States are exact by default; `stored="bfloat16"` (opt-in, apart on disk) halves float32 ones'
-bytes, a resumed request then close to a cold one (scripts/bench_state_dtype.py: how close)."""
+its few own tokens, not the whole prompt again, and leaves before a fresh prompt's state. With
+a directory, an evicted entry moves to disk (its own file, read back when a lookup needs it)
+instead of vanishing, within its own byte cap; a server restarted on the same directory finds
+them again. Files live under the model's identity (a hash of every file the export lists and of
+its state specs): another model never reads them. A directory that cannot be written turns the
+disk tier off with a warning; no request fails for it. States are exact by default;
+`stored="bfloat16"` (opt-in, apart on disk) halves float32 ones' bytes, a resumed request then
+close to a cold one (scripts/bench_state_dtype.py: how close)."""
 
 from __future__ import annotations
 
