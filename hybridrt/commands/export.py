@@ -44,18 +44,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     from ..quantization.direct import DIRECT_MODES
     from ..quantization.modes import QuantConfig
-    from .quantize import BLOCK_SIZE_NOTE
+    from .quantize import add_block_size
 
     DEFAULTS = QuantConfig()
 
     q = p.add_argument_group("quantize while exporting (the same result as export, then `hybridrt quantize`)")
     q.add_argument("--quantize", choices=DIRECT_MODES, help="quantize each layer as it is written")
-    q.add_argument(
-        "--block-size",
-        type=int,
-        default=DEFAULTS.block_size,
-        help=f"weights per scale (int4, int8-weight); {BLOCK_SIZE_NOTE}",
-    )
+    add_block_size(q, "int4, int8-weight")
     q.add_argument(
         "--algo",
         choices=("rtn", "mse", "hqq"),

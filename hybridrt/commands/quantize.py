@@ -28,6 +28,13 @@ BLOCK_SIZE_NOTE = (
 )
 
 
+def add_block_size(p: argparse._ActionsContainer, modes: str) -> None:
+    """The --block-size option of `quantize` and `export --quantize`; `modes`: which it applies to."""
+    p.add_argument(
+        "--block-size", type=int, default=DEFAULTS.block_size, help=f"weights per scale ({modes}); {BLOCK_SIZE_NOTE}"
+    )
+
+
 def _bool(value: str) -> bool:
     v = value.strip().lower()
     if v in ("1", "true", "yes", "on"):
@@ -53,12 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "times slower there. awq (with --calibration) scales each weight's input channels by its activations on "
         "the text before mse's search, and divides the inputs back (one Mul a node)",
     )
-    p.add_argument(
-        "--block-size",
-        type=int,
-        default=DEFAULTS.block_size,
-        help=f"weights per scale (weight-only modes); {BLOCK_SIZE_NOTE}",
-    )
+    add_block_size(p, "weight-only modes")
     p.add_argument(
         "--accuracy-level",
         type=int,
