@@ -95,7 +95,7 @@ EOF
     # quality report wants held-out text; any Python file serves (the report is not the point).
     for mode in int8-dynamic int4; do
         PYTHONPATH="$ROOT" $PYTHON -m hybridrt.cli quantize "$WORK/models/default" -o "$WORK/models/default-$mode" \
-            --mode "$mode" --eval-text "$ROOT/scripts/bench_runtime.py" --force >/dev/null \
+            --mode "$mode" --eval-text "$ROOT/benchmarks/bench_runtime.py" --force >/dev/null \
             || say "quantize --mode $mode failed; its check is skipped"
     done
     for m in $MODELS; do

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_peers import _prompt  # noqa: E402  (the bench's prompts: seeded random ids)
 
 START = time.perf_counter()
@@ -347,7 +347,7 @@ def bench(
     ckpt, f32, f16, f16kv = base / "hf", base / "f32", base / "f16", base / "f16kv"
     t0 = time.perf_counter()
     if not (ckpt / "config.json").exists():
-        script = ROOT / "scripts" / "make_bench_checkpoint.py"
+        script = ROOT / "benchmarks" / "make_bench_checkpoint.py"
         subprocess.run([sys.executable, str(script), str(config), "-o", str(ckpt)], check=True)
     row["checkpoint_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -413,10 +413,10 @@ def word_tokenizer(vocab: int, directory: Path) -> None:
 
 def serve(directory: Path, provider: str, out: Path, seconds: float) -> dict[str, Any]:
     """`hybridrt serve --provider PROVIDER` under 1, 16 and 64 streaming clients
-    (scripts/load_test.py: 128-token prompts, 64 tokens each, a third of `seconds` a level)."""
+    (benchmarks/load_test.py: 128-token prompts, 64 tokens each, a third of `seconds` a level)."""
     if not (directory / "tokenizer.json").exists():  # random bench checkpoints come without one
         word_tokenizer(json.loads((directory / "hybridrt.json").read_text())["vocab_size"], directory)
-    cmd = [sys.executable, str(ROOT / "scripts" / "load_test.py"), str(directory), "--levels", "1,16,64"]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "load_test.py"), str(directory), "--levels", "1,16,64"]
     cmd += ["--seconds", f"{max(seconds / 3 - 10, 10):.0f}", "--prompt-tokens", "128", "--max-tokens", "64"]
     cmd += ["--slots", "64", "--provider", provider, "--out", str(out)]
     try:

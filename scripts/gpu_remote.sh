@@ -20,7 +20,7 @@ background() {  # checkpoints, float32 exports, then (once onnxruntime-gpu is in
   export PYTHONPATH=/tmp/repo TOKENIZERS_PARALLELISM=false
   for n in granite-h-1b granite-h-350m; do
     d=/tmp/gw/bench/$n
-    $PY scripts/make_bench_checkpoint.py /tmp/configs/$n.json -o $d/hf
+    $PY benchmarks/make_bench_checkpoint.py /tmp/configs/$n.json -o $d/hf
     $PY -c "import sys, hybridrt; hybridrt.export_model(sys.argv[1], sys.argv[2], validate=False)" $d/hf $d/f32 \
       || echo "export of $n failed here: gpu_check.py exports it"
     echo "$n exported at $(date +%T)"
@@ -44,7 +44,7 @@ case "$1" in
     cp ".whl/q$2" /tmp/parts/
     if [ "$2" = 0 ]; then
       rm -rf /tmp/repo /tmp/gw && mkdir -p /tmp/repo /tmp/gw/bench /tmp/site
-      cp -r hybridrt scripts tests pyproject.toml /tmp/repo/
+      cp -r hybridrt scripts benchmarks tests pyproject.toml /tmp/repo/
       cp -r .gpuwork/configs /tmp/configs
       $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/py/*.whl
       setsid nohup bash /tmp/repo/scripts/gpu_remote.sh background >/tmp/bg.log 2>&1 </dev/null &

@@ -537,7 +537,7 @@ def make_wide(directory: Path, family: str, seed: int = 0, std: float = 0.6, **o
 
 # The Gated DeltaNet families' released configs at their own layer widths (hidden size, heads,
 # head dims, convolution, rotary): four layers (three Gated DeltaNet, one attention), the test
-# vocabulary, MLPs of 256 and 8 experts of 64, the only cuts (scripts/check_long_parity.py --released).
+# vocabulary, MLPs of 256 and 8 experts of 64, the only cuts (benchmarks/check_long_parity.py --released).
 RELEASED_TEXT = {
     "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
     "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),

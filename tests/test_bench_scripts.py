@@ -1,5 +1,5 @@
-"""The benchmark scripts' measurements on tiny exports: scripts/bench_peers.py's alternated
-prompt and long-context rounds, scripts/profile_step.py's prompt profile, scripts/bench_layouts.py's
+"""The benchmark scripts' measurements on tiny exports: benchmarks/bench_peers.py's alternated
+prompt and long-context rounds, benchmarks/profile_step.py's prompt profile, benchmarks/bench_layouts.py's
 prompt-sized products. Their figures are speeds on a shared machine, so these tests check what
 the scripts compute from them (keys, ratios, tables), never the speeds."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
 
 import bench_layouts  # noqa: E402
 import bench_peers  # noqa: E402
@@ -26,7 +26,7 @@ LONG = 160  # within the tiny models' 512 positions, with the 128 new tokens aft
 def long_prompt(monkeypatch: pytest.MonkeyPatch) -> int:
     monkeypatch.setattr(bench_peers, "LONG", LONG)
     monkeypatch.setenv("HYBRIDRT_BENCH_LONG", str(LONG))  # the children read it at import
-    monkeypatch.chdir(SCRIPTS.parent)  # bench_peers.child imports scripts/bench_peers
+    monkeypatch.chdir(BENCHMARKS.parent)  # bench_peers.child imports benchmarks/bench_peers
     return LONG
 
 
@@ -98,7 +98,7 @@ def test_layouts_build_prompt_sized_products(layout: str) -> None:
 
 
 def test_prefix_cache_workloads_report_what_the_server_reused(default_onnx: Path, tmp_path: Path) -> None:
-    """scripts/bench_prefix_cache.py's workloads against a real server: the turns' cached tokens
+    """benchmarks/bench_prefix_cache.py's workloads against a real server: the turns' cached tokens
     are the server's own figures, and the report tables and plots every workload."""
     import bench_prefix_cache as bench
     from serving import running

@@ -1,5 +1,5 @@
 """Real clients against `hybridrt serve` on 127.0.0.1, through the scripts that run them
-(scripts/run_lm_eval.py, scripts/run_schemathesis.py); skipped where a client is not installed."""
+(benchmarks/run_lm_eval.py, benchmarks/run_schemathesis.py); skipped where a client is not installed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def _needs(*modules: str) -> None:
@@ -20,7 +20,7 @@ def _needs(*modules: str) -> None:
 
 
 def _script(name: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, str(BENCHMARKS / name), *args], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
 

@@ -3,7 +3,7 @@
 against the PyTorch reference at prompts of 1, 37, 300 and 2,048 tokens and over decode steps,
 on the Gated DeltaNet families with wide weights (every 2-D weight but the embedding at
 0.6/sqrt(fan_in)), where its chunked prompt graph loses precision first.
-scripts/check_long_parity.py --standard-ops --wide 0.6 runs every family the same way."""
+benchmarks/check_long_parity.py --standard-ops --wide 0.6 runs every family the same way."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ them again. Files live under the model's identity (a hash of every file the expo
 its state specs): another model never reads them. A directory that cannot be written turns the
 disk tier off with a warning; no request fails for it. States are exact by default;
 `stored="bfloat16"` (opt-in, apart on disk) halves float32 ones' bytes, a resumed request then
-close to a cold one (scripts/bench_state_dtype.py: how close)."""
+close to a cold one (benchmarks/bench_state_dtype.py: how close)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """How close 4-bit jamba-125m stays to its float export by block size and algorithm (notes
-section 7): the KL and teacher-forced agreement of scripts/quant_closeness.py, on its prompts.
+section 7): the KL and teacher-forced agreement of benchmarks/quant_closeness.py, on its prompts.
 
 python docs/notes/onnxruntime-fused-ops/block_closeness.py build/bench/jamba-125m/float 32:asym 64:asym 128:asym 32:sym
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 import quant_closeness as qc  # noqa: E402
 
 import hybridrt  # noqa: E402

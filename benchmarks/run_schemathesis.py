@@ -9,8 +9,8 @@ still healthy and that no request it sent got a 5xx (its /metrics count response
 "loading" that the start-up wait got from /health before the run are not counted).
 
     pip install schemathesis
-    python scripts/run_schemathesis.py                     # the default model
-    python scripts/run_schemathesis.py out/model --max-examples 200
+    python benchmarks/run_schemathesis.py                     # the default model
+    python benchmarks/run_schemathesis.py out/model --max-examples 200
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 sampled, to show that memory stays flat under streams that finish, streams dropped early,
 requests cancelled by a client timeout, connections that send nothing, and bad requests.
 
-    python scripts/soak.py [--model default] [--minutes 30] [--clients 6] [--out report.json]
+    python benchmarks/soak.py [--model default] [--minutes 30] [--clients 6] [--out report.json]
 
 Prints RSS at start and end, the slope of a least-squares line through the samples after the
 warm-up (of RSS, and of RSS less the prefix cache, which grows by design up to its --cache-mb),

@@ -1,6 +1,6 @@
-"""The peers' model files for scripts/bench_peers.py, made reproducibly from the bench checkpoints.
+"""The peers' model files for benchmarks/bench_peers.py, made reproducibly from the bench checkpoints.
 
-python scripts/prepare_peers.py --work build/bench --out build/peers --src llama_cpp_python-0.3.36.tar.gz
+python benchmarks/prepare_peers.py --work build/bench --out build/peers --src llama_cpp_python-0.3.36.tar.gz
 
 For each bench checkpoint (WORK/<model>/hf, never modified) a copy OUT/<model>/hf with a shared
 sentencepiece tokenizer (trained once on the Python standard library's sources), then:
@@ -376,7 +376,7 @@ def main() -> None:
             print(json.dumps(entries[-1]), flush=True)
     entries = merge(out / "peers.json", entries)
     (out / "peers.json").write_text(json.dumps(entries, indent=2) + "\n")
-    print("python scripts/bench_peers.py " + " ".join(bench_args(entries)))
+    print("python benchmarks/bench_peers.py " + " ".join(bench_args(entries)))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """How close each quantization mode stays to its float parent, on every family and the bench models.
 
-python scripts/quant_closeness.py --bench build/bench --families --work build/closeness --out docs/bench
+python benchmarks/quant_closeness.py --bench build/bench --families --work build/closeness --out docs/bench
 
 For each float export (the bench models' exports under --bench, and with --families each tiny
 random family checkpoint of tests/family_checkpoints.py, exported here) and each mode
@@ -15,7 +15,7 @@ random family checkpoint of tests/family_checkpoints.py, exported here) and each
   the quantized model's top-two margin from it: a small margin against the quantization
   noise is why a random-weight model's greedy tokens flip.
 
-With --gguf MODEL=DIR (DIR holding f32.gguf, q8_0.gguf, q4_0.gguf from scripts/prepare_peers.py),
+With --gguf MODEL=DIR (DIR holding f32.gguf, q8_0.gguf, q4_0.gguf from benchmarks/prepare_peers.py),
 llama.cpp's q8_0 and q4_0 are scored the same way against llama.cpp's own f32, on the same ids.
 Figures go to OUT/closeness.json and OUT/closeness.md.
 """

@@ -1,7 +1,7 @@
 """How close a request resumed from bfloat16-stored states (`--cache-dtype bfloat16`,
 `model.state_cache(stored="bfloat16")`) stays to a cold one, and what it saves.
 
-    python scripts/bench_state_dtype.py MODEL_DIR [--prompts 8] [--length 512] [--new-tokens 32]
+    python benchmarks/bench_state_dtype.py MODEL_DIR [--prompts 8] [--length 512] [--new-tokens 32]
 
 For each of --prompts random prompts of --length tokens: the logits of one more token after the
 prompt, cold and resumed from the prompt's stored states (exact and bfloat16): max |Δlogits| and

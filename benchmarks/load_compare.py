@@ -1,6 +1,6 @@
 """Serving under load, side by side: `hybridrt serve` and llama.cpp's `llama-server`, driven by guidellm.
 
-    python scripts/load_compare.py \\
+    python benchmarks/load_compare.py \\
         --hybridrt /work/bench/g350-int4-serve \\
         --gguf /work/peers/convert/granite-h-350m/q4_0.gguf \\
         --llama-server /work/peers/llama.cpp-build/bin/llama-server \\

@@ -4,10 +4,10 @@ prefilled again (`moves`, by history length), two replicas against one of twice 
 replica killed under load, and autoscaling under a load ramp. `--only` runs some of them and
 keeps the others' figures from the JSON of an earlier run.
 
-    python scripts/bench_ray.py --model build/prefix/onnx-int4 --template build/prefix/chatml.jinja \\
+    python benchmarks/bench_ray.py --model build/prefix/onnx-int4 --template build/prefix/chatml.jinja \\
         --rounds 2 --out docs/bench/ray
 
-The model is the granite-h-350m int4 export of scripts/bench_prefix_cache.py's `prepare`. Each
+The model is the granite-h-350m int4 export of benchmarks/bench_prefix_cache.py's `prepare`. Each
 server runs in its own process on a local cluster of --cpus CPUs; routers alternate round by
 round. TTFT is the client's, from sending a streamed request to its first token; reused tokens
 are what the replica reports (usage.prompt_tokens_details.cached_tokens).
@@ -346,7 +346,7 @@ def _moved(header: str | None) -> str:
 
 def report(results: dict[str, Any], out: Path) -> None:
     setup = results.get("setup", {})
-    lines = ["# hybridrt serve --ray (scripts/bench_ray.py)", ""]
+    lines = ["# hybridrt serve --ray (benchmarks/bench_ray.py)", ""]
     lines += [
         f"Model {Path(setup.get('model', '?')).name} (the granite-h-350m shape, int4), a local Ray cluster of "
         f"{setup.get('cpus', '?')} CPUs, each shape in its own server process, routers alternating by round; "

@@ -1,6 +1,6 @@
 """Which quantized nodes move a model's greedy tokens: int8-dynamic with one node group left float at a time.
 
-python scripts/quant_agreement.py build/bench/jamba-125m/float --work build/agree
+python benchmarks/quant_agreement.py build/bench/jamba-125m/float --work build/agree
 
 For the float export DIR: the default int8-dynamic quantization, then one variant per node group
 (`--exclude` pattern) kept float, each scored against the float model on the same random-id

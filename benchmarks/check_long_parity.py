@@ -1,6 +1,6 @@
 """Exactness of the ONNX graphs on every family at long prompts and after many decode steps.
 
-python scripts/check_long_parity.py [--lengths 1 37 300 2048] [--steps 1000] [--standard-ops]
+python benchmarks/check_long_parity.py [--lengths 1 37 300 2048] [--steps 1000] [--standard-ops]
     [--wide STD] [--released CONFIG.json ... [--every-expert]] [FAMILY ...]
 
 Builds each family's tiny random checkpoint (tests/family_checkpoints.py, max length raised to

@@ -4,7 +4,7 @@ index, the config.json copied verbatim, tensor names as transformers 4 saved the
 experts as `input_linear`/`output_linear`, which transformers 5 renames at load). Written one
 shard at a time, so a 7 B model needs no more memory than one shard (2 GB).
 
-python scripts/make_bench_checkpoint.py ../shared/bench/configs/granite-h-1b.json -o build/granite-h-1b
+python benchmarks/make_bench_checkpoint.py ../shared/bench/configs/granite-h-1b.json -o build/granite-h-1b
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Export wall time and peak memory against model size: each export in its own process.
 
-python scripts/bench_export.py build/granite-h-350m build/granite-h-1b --modes float int4 -o docs/bench/export.json
+python benchmarks/bench_export.py build/granite-h-350m build/granite-h-1b --modes float int4 -o docs/bench/export.json
 
-Each checkpoint (made by scripts/make_bench_checkpoint.py from ../shared/bench/configs) is
+Each checkpoint (made by benchmarks/make_bench_checkpoint.py from ../shared/bench/configs) is
 exported once per mode (`float`: `hybridrt export` with its parity check; otherwise
 `hybridrt export --quantize MODE`), one after another in child processes, so each peak RSS is
 that export's alone (the ru_maxrss its manifest records). Prints a Markdown table and writes the JSON.

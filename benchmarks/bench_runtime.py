@@ -1,6 +1,6 @@
 """Benchmark the runtime on the standard workload, beside transformers eager on the same checkpoint.
 
-    python scripts/bench_runtime.py build/jamba-125m-onnx build/jamba-125m [--threads 2] [--json out.json]
+    python benchmarks/bench_runtime.py build/jamba-125m-onnx build/jamba-125m [--threads 2] [--json out.json]
 
 Workload (shared/bench/README.md): batch 1, a 128-token prompt, 128 new tokens, greedy;
 prefill ms, decode tokens/s and peak RSS, plus batch 8 aggregate decode tokens/s. The

@@ -8,8 +8,8 @@ every (context, continuation) of the multiple-choice task with hybridrt's own sc
 loglikelihoods agree.
 
     pip install "lm-eval[api]"
-    python scripts/run_lm_eval.py                 # the default model
-    python scripts/run_lm_eval.py out/model --out build/lm-eval
+    python benchmarks/run_lm_eval.py                 # the default model
+    python benchmarks/run_lm_eval.py out/model --out build/lm-eval
 
 lm-eval tokenizes (tokenized_requests=True, its default) with the model directory's
 tokenizer.json through transformers, and sends token ids; the server scores exactly those.

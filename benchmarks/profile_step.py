@@ -1,6 +1,6 @@
 """Profile decode steps of exported models: kernel time per operator type and nodes per step.
 
-    python scripts/profile_step.py build/bench/jamba-125m/int4 build/bench/llama-125m/int4 \
+    python benchmarks/profile_step.py build/bench/jamba-125m/int4 build/bench/llama-125m/int4 \
         --threads 2 --prompt-tokens 128 --new-tokens 100
 
 For each directory: generates once with onnxruntime's profiler on, keeps the runs after the

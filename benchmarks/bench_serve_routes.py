@@ -1,7 +1,7 @@
 """Serving several models and routes, measured on 127.0.0.1; each server in its own process.
 
-    python scripts/bench_serve_routes.py overhead --model DIR [--baseline-src OLD_CHECKOUT] [--rounds 3]
-    python scripts/bench_serve_routes.py split --a DIR --b DIR [--clients 8] [--seconds 60]
+    python benchmarks/bench_serve_routes.py overhead --model DIR [--baseline-src OLD_CHECKOUT] [--rounds 3]
+    python benchmarks/bench_serve_routes.py split --a DIR --b DIR [--clients 8] [--seconds 60]
 
 `overhead`: one-stream decode tokens/s of one greedy stream of --tokens tokens, through (a) the
 model's own name and (b) a split route between two copies of it, with every request's log line

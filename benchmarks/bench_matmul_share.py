@@ -4,7 +4,7 @@ exported 4-bit graph run alone (same weights, same shapes, batch 1, each node re
 the difference is every other node (scans, convs, norms, the glue between them) and the time
 between nodes.
 
-    python scripts/bench_matmul_share.py out/granite-h-350m-int4 --threads 2
+    python benchmarks/bench_matmul_share.py out/granite-h-350m-int4 --threads 2
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Speculative decoding against plain decoding, per target/draft pair, in one run.
 
-python scripts/bench_speculative.py --pair TARGET=DRAFT [...] --text FILE --out docs/bench
+python benchmarks/bench_speculative.py --pair TARGET=DRAFT [...] --text FILE --out docs/bench
 
 For each pair of exported directories (same tokenizer): greedy decode of `--new-tokens`
 after `--prompts` prompts of `--prompt-tokens` tokens taken from FILE (or random ids when the

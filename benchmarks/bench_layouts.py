@@ -3,14 +3,14 @@ out_proj, the MLP's two) at batch 1 in one graph, random weights in the chosen l
 (bench_matmul_share.step_ms). Run each layout in its own process, in turn:
 
     for r in 1 2; do for l in nbits-4-32-zp nbits-4-32-nz nbits-4-64-nz nbits-4-32-fzp dqmm; do
-        python scripts/bench_layouts.py $l; done; done
+        python benchmarks/bench_layouts.py $l; done; done
 
 LAYOUT: `nbits-BITS-BLOCK-ZP` (MatMulNBits at accuracy level 4; ZP `zp` packed uint8 zero points, `nz` none,
 `fzp` float zero points as hqq writes them), `dqmm` (DynamicQuantizeMatMul, int8-dynamic's fused node) or
 `float` (MatMul over float32 weights). `--rows M` times the products of an M-token prompt chunk instead of
 one token (the runtime's prompt calls take 128; fewer layers and runs keep it short):
 
-    for l in nbits-4-32-nz dqmm float; do python scripts/bench_layouts.py $l --rows 128 --layers 2 --runs 3; done
+    for l in nbits-4-32-nz dqmm float; do python benchmarks/bench_layouts.py $l --rows 128 --layers 2 --runs 3; done
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from bench_matmul_share import step_ms  # scripts/ is on the path when a script runs
+from bench_matmul_share import step_ms  # benchmarks/ is on the path when a script runs
 from onnx import TensorProto, helper, numpy_helper
 
 SHAPES = [(1536, 6448), (3072, 1536), (1536, 8192), (4096, 1536)]  # (K, N) of one granite-h-1b layer

@@ -1,6 +1,6 @@
 """The standard workload on the shared bench configs, hybridrt beside its peers, in one run.
 
-python scripts/bench_peers.py --configs ../shared/bench/configs --work build/bench --out docs/bench
+python benchmarks/bench_peers.py --configs ../shared/bench/configs --work build/bench --out docs/bench
 
 For each config (jamba-125m, granite-h-125m, llama-125m): a seeded random-weight checkpoint,
 its hybridrt export (float) and quantizations (MODES), then, each in its own
@@ -71,7 +71,9 @@ def prepare(config: Path, work: Path, modes: list[str] | tuple[str, ...] = MODES
     name = config.stem
     ckpt = work / name / "hf"
     if not (ckpt / "config.json").exists():
-        subprocess.run([sys.executable, "scripts/make_bench_checkpoint.py", str(config), "-o", str(ckpt)], check=True)
+        subprocess.run(
+            [sys.executable, "benchmarks/make_bench_checkpoint.py", str(config), "-o", str(ckpt)], check=True
+        )
     dirs = {"float": work / name / "float"}
     if not (dirs["float"] / "hybridrt.json").exists():
         import hybridrt
@@ -611,7 +613,7 @@ def alternated_table(rows: list[dict[str, Any]]) -> str:
 def child(kind: str, path: str, threads: int) -> dict[str, Any]:
     """One measurement in a fresh process (its own peak RSS); errors come back as text."""
     code = (
-        "import json, sys; sys.path.insert(0, 'scripts'); import bench_peers as b; "
+        "import json, sys; sys.path.insert(0, 'benchmarks'); import bench_peers as b; "
         f"print('RESULT' + json.dumps(b.measure_{kind}({path!r}, {threads})))"
     )
     env = os.environ | {"OMP_NUM_THREADS": str(threads)}

@@ -1,6 +1,6 @@
 """Cold and warm timings of the Lambda handler (hybridrt.deploy.aws_lambda), each in fresh processes.
 
-    python scripts/bench_lambda.py MODEL_DIR [--repeats 3] [--max-tokens 16] [--verify sha256|size|none]
+    python benchmarks/bench_lambda.py MODEL_DIR [--repeats 3] [--max-tokens 16] [--verify sha256|size|none]
 
 Per repeat, fresh interpreters measure: `import hybridrt`; `import hybridrt.deploy.aws_lambda`
 (model not loaded); the load's stages (numpy, onnxruntime and tokenizers imports, manifest, sha256 and

@@ -1,13 +1,13 @@
 """llama.cpp's side of the export benchmark: GGUF conversion and Q4_0 quantization of the bench checkpoints.
 
-python scripts/bench_convert_peer.py /work/bench/granite-h-350m /work/bench/granite-h-1b \\
+python benchmarks/bench_convert_peer.py /work/bench/granite-h-350m /work/bench/granite-h-1b \\
     --llama /work/peers/src/llama_cpp_python-0.3.36/vendor/llama.cpp \\
     --quantize-bin /work/peers/llama.cpp-build/bin/llama-quantize \\
     --work /work/peers/convert -o build/convert-llama.cpp.json
 
 For each checkpoint (bf16 sharded safetensors, never modified) a copy WORK/<name>/hf is made with
 symlinked weights, the checkpoint's config and index, and the shared 32,000-piece sentencepiece
-tokenizer of scripts/prepare_peers.py (trained into WORK/tokenizer unless --tokenizer names one).
+tokenizer of benchmarks/prepare_peers.py (trained into WORK/tokenizer unless --tokenizer names one).
 The converter wants a sentencepiece `tokenizer.model` for Granite-4.0-H; a checkpoint whose
 vocabulary is larger (granite-h-1b: 100,352) gets the same tokenizer, and the converter fills the
 rows past 32,000 with [PAD<i>] tokens, so the GGUF keeps the checkpoint's embedding shape.

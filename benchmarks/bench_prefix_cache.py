@@ -3,10 +3,10 @@ checkpoint: conversations, an agent loop, a shared system prompt, concurrent rep
 conversations than fit in memory (hybridrt's disk tier).
 
     # once: the granite-h-350m checkpoint with a sentencepiece tokenizer, hybridrt int4, GGUF q4_0
-    python scripts/bench_prefix_cache.py prepare --work build/prefix --llama-bin LLAMA_CPP/build/bin \\
+    python benchmarks/bench_prefix_cache.py prepare --work build/prefix --llama-bin LLAMA_CPP/build/bin \\
         --sdist llama_cpp_python-0.3.36.tar.gz
     # alternating rounds, each server in its own process; figures to docs/bench/prefix_cache.*
-    python scripts/bench_prefix_cache.py run --work build/prefix --llama-bin LLAMA_CPP/build/bin --rounds 2
+    python benchmarks/bench_prefix_cache.py run --work build/prefix --llama-bin LLAMA_CPP/build/bin --rounds 2
 
 Both servers get 2 threads, 8 slots and a ChatML template (hybridrt through --chat-template).
 TTFT is measured by the client from sending a streamed request to its first token; cached tokens
@@ -333,7 +333,7 @@ def _fmt(values: list[Any]) -> str:
 
 def report(results: dict[str, Any], out: Path) -> None:
     """A Markdown table per round (out.md) and TTFT by turn per workload (out.png)."""
-    lines = ["# Prefix state cache, turn by turn (scripts/bench_prefix_cache.py)", ""]
+    lines = ["# Prefix state cache, turn by turn (benchmarks/bench_prefix_cache.py)", ""]
     for k, record in enumerate(results["rounds"]):
         lines += [f"## Round {k + 1}", "", "| workload | " + " | ".join(record) + " |", "|---|" + "---|" * len(record)]
         rows = [

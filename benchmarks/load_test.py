@@ -7,8 +7,8 @@ server's RSS at start and end; the 1-client level is the same work one request a
 the baseline of the batching speed-up. Writes a JSON report and a PNG of the latency
 percentiles against concurrency.
 
-    python scripts/load_test.py default --clients 64 --seconds 120
-    python scripts/load_test.py out/model --levels 1,4,16 --seconds 30 --out build/load
+    python benchmarks/load_test.py default --clients 64 --seconds 120
+    python benchmarks/load_test.py out/model --levels 1,4,16 --seconds 30 --out build/load
 """
 
 from __future__ import annotations

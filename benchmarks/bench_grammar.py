@@ -1,6 +1,6 @@
 """The cost of constrained decoding per constrained row per decode step (hybridrt.serve.grammar).
 
-python scripts/bench_grammar.py MODEL_DIR_OR_TOKENIZER_JSON [...] --steps 2000
+python benchmarks/bench_grammar.py MODEL_DIR_OR_TOKENIZER_JSON [...] --steps 2000
 
 For each tokenizer (an exported model's directory, or a bare tokenizer.json), walks the
 grammars of a JSON schema and of a forced tool call with random logits for `--steps` tokens
