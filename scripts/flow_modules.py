@@ -45,8 +45,9 @@ def traced(run: Callable[[], Any]) -> set[str]:
 
 
 def flows(work: Path) -> dict[str, Callable[[], Any]]:
-    import hybridrt
     from family_checkpoints import make_granitemoehybrid
+
+    import hybridrt
 
     ckpt = make_granitemoehybrid(work / "ckpt", seed=0)
     text = ROOT / "README.md"
