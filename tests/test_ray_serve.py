@@ -140,12 +140,29 @@ def test_a_state_moves_only_where_it_beats_prefilling_again() -> None:
     assert directory.holder(["x"]) is None
 
 
+def _clear_stale_hosts() -> None:
+    """The namespaces, veth pairs and processes that a killed run of two_hosts left (named after
+    a pid that is gone): a stale pair on the same subnet keeps the next cluster from forming."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
+    for tag in (line.split()[0] for line in listed.splitlines() if line.startswith("hrt")):
+        pid = int(tag[3:]) if tag[3:].isdigit() else None
+        if pid is None or pid == os.getpid() or Path(f"/proc/{pid}").exists():
+            continue
+        inside = subprocess.run(["ip", "netns", "pids", tag], capture_output=True, text=True, timeout=30).stdout
+        for left in inside.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(left), signal.SIGKILL)
+        subprocess.run(["ip", "link", "del", f"{tag}a"], capture_output=True, timeout=30)
+        subprocess.run(["ip", "netns", "del", tag], capture_output=True, timeout=30)
+
+
 @contextlib.contextmanager
 def two_hosts() -> Iterator[str]:
     """A Ray cluster of two hosts on this machine: the head (1 CPU) in this network namespace and
     a worker node (1 CPU) in a namespace of its own, joined by a veth pair (10.77.N.1 and .2);
     the head's address. Needs root and `ip netns` (the tests' machines have both)."""
-    tag = f"hrt{os.getpid() % 100000}"
+    _clear_stale_hosts()
+    tag = f"hrt{os.getpid()}"
     net = f"10.77.{os.getpid() % 250}"
     temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
