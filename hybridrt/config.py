@@ -179,7 +179,7 @@ class HybridConfig:
         rest = {k: v for k, v in fields.items() if k not in own}
         if rest:
             kinds, family = _place(str(core.get("model_type")), rest)
-            core["kind_params"] = {**kinds, **dict(core.get("kind_params") or {})}
+            core["kind_params"] = _merge(kinds, core.get("kind_params") or {})
             if family:
                 core["family_params"] = family | dict(core.get("family_params") or {})
         return cls(**core)
@@ -217,6 +217,21 @@ def kinds_in_use(layer_types: Iterable[str]) -> tuple[str, ...]:
     for kind in out:  # out grows while it is walked, so the used kinds' own uses follow
         out += [used for used in LAYER_KINDS[kind].uses if used not in out]
     return tuple(out)
+
+
+def _merge(placed: dict[str, dict[str, Any]], given: Mapping[str, Any]) -> dict[str, Any]:
+    """Kind parameters placed from flat names joined with those given nested, kind by kind: a
+    manifest may hold some of a kind's parameters under kind_params and others flat (written
+    before they all moved to the kind). A nested value wins; flat names replace the fields of
+    a dataclass given whole."""
+    out: dict[str, Any] = dict(placed)
+    for kind, values in given.items():
+        flat = placed.get(kind, {})
+        if dataclasses.is_dataclass(values) and not isinstance(values, type):
+            out[kind] = dataclasses.replace(values, **flat)  # type: ignore[type-var]
+        else:
+            out[kind] = flat | dict(values)
+    return out
 
 
 def _kind_params(layer_types: tuple[str, ...], given: Mapping[str, Any]) -> dict[str, Any]:

@@ -208,3 +208,19 @@ def test_a_kind_keeps_the_parameters_of_the_kinds_it_uses(kind: str) -> None:
     assert cfg.params(Mamba2Params) == Mamba2Params(mamba2_heads=4, mamba2_groups=2)
     assert set(cfg.kind_params) == {kind, "mamba2"}
     assert HybridConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_a_kind_split_between_nested_and_flat_fields_loads_whole() -> None:
+    """Regression: a manifest written while Mamba1's inner norms were already under kind_params
+    but its expand and dt rank were still top-level fields lost the flat ones (the nested
+    mapping replaced the kind's placed fields), so dt_rank fell back to its default."""
+    from hybridrt.kinds import MambaParams
+
+    data = HybridConfig.make(**BASE, layer_types=("mamba",), ffn_types=("none",)).to_dict()
+    data["kind_params"] = {"mamba": {"mamba_inner_norms": True}}
+    data |= {"mamba_expand": 3, "mamba_dt_rank": 2}
+    want = MambaParams(mamba_expand=3, mamba_dt_rank=2, mamba_inner_norms=True)
+    assert HybridConfig.from_dict(json.loads(json.dumps(data))).params(MambaParams) == want
+    whole = {"mamba": MambaParams(mamba_dt_rank=2, mamba_inner_norms=True)}  # flat names replace its fields
+    given = HybridConfig.make(**BASE, layer_types=("mamba",), ffn_types=("none",), mamba_expand=3, kind_params=whole)
+    assert given.params(MambaParams) == want
