@@ -9,8 +9,12 @@ Parameters that one layer kind or one family alone reads are not fields here: a 
 them as a frozen dataclass (`LayerKind.params`), a family likewise (`Family.params`), and the
 config carries them in `kind_params` (kind name -> its dataclass) and `family_params`. They
 are read through the typed accessor `cfg.params(GatedDeltaParams).gdn_k_heads`, so a kind or
-family registered from outside the package adds parameters without an edit here. Serialized (`to_dict`), they sit
-under "kind_params" and "family_params"; `from_dict` also reads the flat layout of older
+family registered from outside the package adds parameters without an edit here. A kind that
+runs another kind's mixer inside its layer names it in `LayerKind.uses` (Falcon-H1's
+parallel_hybrid and Zamba2's zamba2_hybrid use mamba2), so the config keeps the used kind's
+parameters too (`kinds_in_use`); only the state-space dims that Mamba1 and Mamba2 share,
+mamba_d_state and mamba_d_conv, stay fields here. Serialized (`to_dict`), the parameters
+sit under "kind_params" and "family_params"; `from_dict` also reads the flat layout of older
 manifests, and refuses a key it cannot place rather than drop it.
 """
 
@@ -70,23 +74,10 @@ class HybridConfig:
     rope_type: str = "default"
     rope_scaling: tuple[tuple[str, float], ...] = ()
     rope_partial_factor: float = 1.0  # rotary on the first int(head_dim * factor) dims only (Bamba)
-    # Mamba (selective SSM, Gu & Dao 2023)
+    # State-space dims shared by Mamba1 and Mamba2 (d_state n, conv kernel k); each one's own
+    # parameters are kinds.MambaParams and kinds.Mamba2Params.
     mamba_d_state: int = 16
     mamba_d_conv: int = 4
-    mamba_expand: int = 2
-    mamba_dt_rank: int = 0
-    mamba_conv_bias: bool = True
-    mamba_proj_bias: bool = False
-    # Mamba2 (SSD, Dao & Gu 2024); d_state and d_conv are shared with Mamba1 above.
-    mamba2_heads: int = 0
-    mamba2_head_dim: int = 64
-    mamba2_groups: int = 1
-    mamba2_conv_bias: bool = True
-    mamba2_proj_bias: bool = False
-    # Mamba2 as Zamba2 (`time_step_min`) and Nemotron-H (`time_step_limit`) run it: dt clamped
-    # below (0 = no clamp) and the gated norm's own eps (None: rms_norm_eps).
-    mamba2_dt_min: float = 0.0
-    mamba2_norm_eps: float | None = None
     # Scalar multipliers (Granite); the defaults leave a model unchanged.
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
@@ -118,7 +109,7 @@ class HybridConfig:
     # Prompt-path scan: chunk length of the parallel scan (a constant of the graph).
     scan_chunk: int = 16
     # Parameters owned by layer kinds (kind name -> its LayerKind.params dataclass; one entry per
-    # kind of layer_types that declares parameters) and by the family (its Family.params, or
+    # kind in use, kinds_in_use, that declares parameters) and by the family (its Family.params, or
     # None). A mapping loaded for a family that is not installed stays a plain dict.
     kind_params: Mapping[str, Any] = field(default_factory=dict, hash=False)
     family_params: Any = field(default=None, hash=False)
@@ -139,7 +130,7 @@ class HybridConfig:
 
     def params(self, cls: type[P]) -> P:
         """The parameters of the kind or family whose dataclass is `cls` (kinds.LayerKind.params,
-        Family.params): this config's, or the defaults when no layer is of that kind."""
+        Family.params): this config's, or the defaults when no kind in use declares it."""
         for group in (*self.kind_params.values(), self.family_params):
             if isinstance(group, cls):
                 return group
@@ -156,23 +147,6 @@ class HybridConfig:
     @property
     def rotary_dim(self) -> int:
         return int(self.attn_head_dim * self.rope_partial_factor)
-
-    @property
-    def d_inner(self) -> int:
-        return self.mamba_expand * self.hidden_size
-
-    @property
-    def dt_rank(self) -> int:
-        return self.mamba_dt_rank or -(-self.hidden_size // 16)
-
-    @property
-    def mamba2_d_inner(self) -> int:
-        return self.mamba2_heads * self.mamba2_head_dim
-
-    @property
-    def mamba2_conv_dim(self) -> int:
-        """Channels of the Mamba2 conv: x, B and C side by side."""
-        return self.mamba2_d_inner + 2 * self.mamba2_groups * self.mamba_d_state
 
     @property
     def has_attention(self) -> bool:
@@ -205,7 +179,7 @@ class HybridConfig:
         rest = {k: v for k, v in fields.items() if k not in own}
         if rest:
             kinds, family = _place(str(core.get("model_type")), rest)
-            core["kind_params"] = {**kinds, **dict(core.get("kind_params") or {})}
+            core["kind_params"] = _merge(kinds, core.get("kind_params") or {})
             if family:
                 core["family_params"] = family | dict(core.get("family_params") or {})
         return cls(**core)
@@ -236,19 +210,44 @@ def _as_params(cls: type, values: Any) -> Any:
     )
 
 
+def kinds_in_use(layer_types: Iterable[str]) -> tuple[str, ...]:
+    """The kinds of layer_types and, after them, those they use (`LayerKind.uses`, followed
+    through): the kinds whose parameters a config with these layers reads."""
+    out = list(dict.fromkeys(layer_types))
+    for kind in out:  # out grows while it is walked, so the used kinds' own uses follow
+        out += [used for used in LAYER_KINDS[kind].uses if used not in out]
+    return tuple(out)
+
+
+def _merge(placed: dict[str, dict[str, Any]], given: Mapping[str, Any]) -> dict[str, Any]:
+    """Kind parameters placed from flat names joined with those given nested, kind by kind: a
+    manifest may hold some of a kind's parameters under kind_params and others flat (written
+    before they all moved to the kind). A nested value wins; flat names replace the fields of
+    a dataclass given whole."""
+    out: dict[str, Any] = dict(placed)
+    for kind, values in given.items():
+        flat = placed.get(kind, {})
+        if dataclasses.is_dataclass(values) and not isinstance(values, type):
+            out[kind] = dataclasses.replace(values, **flat)  # type: ignore[type-var]
+        else:
+            out[kind] = flat | dict(values)
+    return out
+
+
 def _kind_params(layer_types: tuple[str, ...], given: Mapping[str, Any]) -> dict[str, Any]:
-    """One parameters instance per kind of layer_types that declares parameters (defaults where
-    none were given). Parameters of a kind that no layer uses are checked, then left out: they
+    """One parameters instance per kind in use (kinds_in_use) that declares parameters (defaults
+    where none were given). Parameters of a kind not in use are checked, then left out: they
     change nothing."""
     classes = kind_params_classes()
+    in_use = kinds_in_use(layer_types)
     out: dict[str, Any] = {}
     for kind, values in given.items():
         if kind not in classes:
             raise ValueError(f"parameters given for kind {kind!r}, which declares none")
         params = _as_params(classes[kind], values)
-        if kind in layer_types:
+        if kind in in_use:
             out[kind] = params
-    for kind in dict.fromkeys(layer_types):
+    for kind in in_use:
         if kind in classes and kind not in out:
             out[kind] = classes[kind]()
     return out

@@ -11,6 +11,11 @@ A mixer is `Module(cfg, layer, shared)` called as `mixer(x, ctx, *past) -> (y, *
 with x [b, l, d] the normed hidden states, ctx a `models.context.MixerContext` and the
 pasts in the order of `states`. A new kind is one entry here, one module, its tests.
 
+A kind's own parameters are a frozen dataclass (`LayerKind.params`, read as
+`cfg.params(Mamba2Params).mamba2_heads`). A kind that runs another kind's mixer inside its
+layer names that kind in `uses` (parallel_hybrid and zamba2_hybrid use mamba2): the config
+then keeps the used kind's parameters whenever a layer of the using kind is present.
+
 Torch-free (the runtime reads the state dims): the module is named, not imported.
 """
 
@@ -53,8 +58,11 @@ class LayerKind:
     # (it norms inside, as Zamba2's hybrid layer must: it adds to x before its norm).
     prenorm: bool = True
     # A frozen dataclass of the parameters this kind alone reads (with defaults for all of
-    # them); the config carries an instance per kind in use and reads its fields as attributes.
+    # them); the config carries an instance per kind in use, read through cfg.params(cls).
     params: type | None = None
+    # Kinds whose parameters this kind also reads, because it runs their mixer inside its own
+    # (Falcon-H1's and Zamba2's layers run a Mamba2 mixer): a layer of this kind puts them in use.
+    uses: tuple[str, ...] = ()
 
 
 def _kv(cfg: HybridConfig) -> tuple[Dim, ...]:
@@ -63,9 +71,9 @@ def _kv(cfg: HybridConfig) -> tuple[Dim, ...]:
 
 KEY = StateDecl("key", _kv)
 VALUE = StateDecl("value", _kv)
-MAMBA2_CONV = StateDecl("conv", lambda c: (c.mamba2_conv_dim, c.mamba_d_conv - 1))
+MAMBA2_CONV = StateDecl("conv", lambda c: (_m2(c).mamba2_conv_dim(c.mamba_d_state), c.mamba_d_conv - 1))
 # [heads, d_state, head_dim]: onnxruntime LinearAttention's own layout (no Transpose per step)
-MAMBA2_SSM = StateDecl("ssm", lambda c: (c.mamba2_heads, c.mamba_d_state, c.mamba2_head_dim))
+MAMBA2_SSM = StateDecl("ssm", lambda c: (_m2(c).mamba2_heads, c.mamba_d_state, _m2(c).mamba2_head_dim))
 
 
 @dataclass(frozen=True)
@@ -100,11 +108,49 @@ class GatedDeltaParams:
 
 @dataclass(frozen=True)
 class MambaParams:
-    """Kind `mamba` (Mamba1): the RMSNorms on dt, B and C that Jamba and Falcon-Mamba add."""
+    """Kind `mamba` (Mamba1, Gu & Dao 2023): d_inner = expand * d channels, the rank r of dt's
+    projection, the biases, and the RMSNorms on dt, B and C that Jamba and Falcon-Mamba add.
+    d_state and d_conv are the config's own (shared with Mamba2)."""
 
+    mamba_expand: int = 2
+    mamba_dt_rank: int = 0  # 0: ceil(d / 16)
+    mamba_conv_bias: bool = True
+    mamba_proj_bias: bool = False
     mamba_inner_norms: bool = False  # Jamba's RMSNorms on dt, B and C
     mamba_inner_norm_weights: bool = True  # False: Falcon-Mamba's weightless norms
     mamba_inner_norm_eps: float | None = None  # None: rms_norm_eps
+
+    def d_inner(self, hidden_size: int) -> int:
+        return self.mamba_expand * hidden_size
+
+    def dt_rank(self, hidden_size: int) -> int:
+        return self.mamba_dt_rank or -(-hidden_size // 16)
+
+
+@dataclass(frozen=True)
+class Mamba2Params:
+    """Kind `mamba2` (SSD, Dao & Gu 2024), also read by the kinds that run a Mamba2 mixer inside
+    their layer (`LayerKind.uses`): heads H of head_dim P, groups G of B and C, the biases, and
+    the variants of Zamba2 and Nemotron-H. d_state and d_conv are the config's own (shared with
+    Mamba1)."""
+
+    mamba2_heads: int = 0
+    mamba2_head_dim: int = 64
+    mamba2_groups: int = 1
+    mamba2_conv_bias: bool = True
+    mamba2_proj_bias: bool = False
+    # Mamba2 as Zamba2 (`time_step_min`) and Nemotron-H (`time_step_limit`) run it: dt clamped
+    # below (0 = no clamp) and the gated norm's own eps (None: rms_norm_eps).
+    mamba2_dt_min: float = 0.0
+    mamba2_norm_eps: float | None = None
+
+    @property
+    def mamba2_d_inner(self) -> int:
+        return self.mamba2_heads * self.mamba2_head_dim
+
+    def mamba2_conv_dim(self, d_state: int) -> int:
+        """Channels of the Mamba2 conv: x, B and C side by side."""
+        return self.mamba2_d_inner + 2 * self.mamba2_groups * d_state
 
 
 @dataclass(frozen=True)
@@ -151,6 +197,14 @@ def _gdn(cfg: Any) -> GatedDeltaParams:
     return cfg.params(GatedDeltaParams)  # type: ignore[no-any-return]
 
 
+def _mamba(cfg: Any) -> MambaParams:
+    return cfg.params(MambaParams)  # type: ignore[no-any-return]
+
+
+def _m2(cfg: Any) -> Mamba2Params:
+    return cfg.params(Mamba2Params)  # type: ignore[no-any-return]
+
+
 register_kind(
     LayerKind(
         "attention",
@@ -166,8 +220,8 @@ register_kind(
         "mamba",
         "hybridrt.models.mixers.mamba:MambaMixer",
         (
-            StateDecl("conv", lambda c: (c.d_inner, c.mamba_d_conv - 1)),
-            StateDecl("ssm", lambda c: (c.mamba_d_state, c.d_inner)),
+            StateDecl("conv", lambda c: (_mamba(c).d_inner(c.hidden_size), c.mamba_d_conv - 1)),
+            StateDecl("ssm", lambda c: (c.mamba_d_state, _mamba(c).d_inner(c.hidden_size))),
         ),
         "Mamba1 selective SSM (per-channel decay) after a depthwise causal conv",
         params=MambaParams,
@@ -182,6 +236,7 @@ register_kind(
         "hybridrt.models.mixers.mamba2:Mamba2Mixer",
         (MAMBA2_CONV, MAMBA2_SSM),
         "Mamba2 SSD (scalar decay per head); x, B and C share one conv; gated RMSNorm",
+        params=Mamba2Params,
     )
 )
 register_kind(
@@ -202,6 +257,7 @@ register_kind(
         "Falcon-H1: attention and a Mamba2 mixer side by side on the same input, outputs summed",
         attention=True,
         params=ParallelHybridParams,
+        uses=("mamba2",),
     )
 )
 register_kind(
@@ -243,6 +299,7 @@ register_kind(
         "Zamba2 hybrid layer: shared attention+MLP block (per-layer LoRA adapters) then Mamba2",
         attention=True,
         params=Zamba2Params,
+        uses=("mamba2",),
         prenorm=False,
     )
 )

@@ -46,6 +46,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 import hybridrt
 from hybridrt.config import HybridConfig
 from hybridrt.graphs.files import atomic_directory
+from hybridrt.kinds import MambaParams
 from hybridrt.models.decoder import HybridForCausalLM
 from hybridrt.models.families.jamba import FAMILY, translate
 from hybridrt.models.loading.checkpoint import load_model
@@ -206,7 +207,8 @@ def init_weights(model: HybridForCausalLM, cfg: HybridConfig, std: float) -> Non
         elif name.endswith("A_log"):
             p.copy_(torch.log(torch.arange(1, cfg.mamba_d_state + 1, dtype=torch.float32)).expand_as(p))
         elif name.endswith("dt_proj.weight"):
-            p.uniform_(-(cfg.dt_rank**-0.5), cfg.dt_rank**-0.5)
+            rank = cfg.params(MambaParams).dt_rank(cfg.hidden_size)
+            p.uniform_(-(rank**-0.5), rank**-0.5)
         elif name.endswith("dt_proj.bias"):  # softplus(bias) log-uniform in [1e-3, 1e-1] (Mamba)
             dt = torch.exp(torch.empty_like(p).uniform_(math.log(1e-3), math.log(1e-1)))
             p.copy_(dt + torch.log(-torch.expm1(-dt)))

@@ -62,8 +62,8 @@ def test_unknown_keys_are_refused_by_name() -> None:
     data["kind_params"]["gated_delta"]["gdn_heads"] = 3
     with pytest.raises(ValueError, match="'gdn_heads'"):
         HybridConfig.from_dict(data)
-    with pytest.raises(ValueError, match="'mamba2'"):  # a kind that declares no parameters
-        HybridConfig.make(**BASE, layer_types=("attention",), ffn_types=("mlp",), kind_params={"mamba2": {}})
+    with pytest.raises(ValueError, match="'attention'"):  # a kind that declares no parameters
+        HybridConfig.make(**BASE, layer_types=("attention",), ffn_types=("mlp",), kind_params={"attention": {}})
 
 
 def test_parameter_names_are_unambiguous() -> None:
@@ -157,9 +157,70 @@ def test_mamba1_and_zamba2_fields_are_their_kinds() -> None:
     from hybridrt.kinds import MambaParams, Zamba2Params
 
     mamba = HybridConfig.make(**BASE, layer_types=("mamba",), ffn_types=("none",), mamba_inner_norms=True)
-    assert mamba.params(MambaParams).mamba_inner_norms and mamba.kind_params["mamba"] == MambaParams(True)
+    assert mamba.kind_params["mamba"] == MambaParams(mamba_inner_norms=True)
     zamba = HybridConfig.make(**BASE, layer_types=("zamba2_hybrid",), ffn_types=("none",), zamba2_adapter_rank=8)
     assert zamba.params(Zamba2Params) == Zamba2Params(zamba2_adapter_rank=8)
     assert not {"mamba_inner_norms", "zamba2_mem_blocks"} & set(_gdn().to_dict())
     flat = {k: v for k, v in zamba.to_dict().items() if k != "kind_params"} | dataclasses.asdict(Zamba2Params(3, 8))
     assert HybridConfig.from_dict(json.loads(json.dumps(flat))).params(Zamba2Params) == Zamba2Params(3, 8)
+
+
+def test_mamba_dims_are_their_kinds_and_older_flat_files_load() -> None:
+    """Mamba1's expand, dt rank and biases are kinds.MambaParams, Mamba2's heads, groups and
+    variants kinds.Mamba2Params, with the sizes derived from them; d_state and d_conv, which
+    both read, stay the config's. A manifest that held them as top-level fields loads into them."""
+    from hybridrt.kinds import Mamba2Params, MambaParams
+
+    cfg = HybridConfig.make(
+        **BASE,
+        layer_types=("mamba", "mamba2"),
+        ffn_types=("none", "none"),
+        mamba_d_state=8,
+        mamba_expand=3,
+        mamba_proj_bias=True,
+        mamba2_heads=4,
+        mamba2_head_dim=6,
+        mamba2_groups=2,
+        mamba2_dt_min=0.001,
+    )
+    m1, m2 = cfg.params(MambaParams), cfg.params(Mamba2Params)
+    assert (m1.d_inner(cfg.hidden_size), m1.dt_rank(cfg.hidden_size), m1.mamba_proj_bias) == (48, 1, True)
+    assert (m2.mamba2_d_inner, m2.mamba2_conv_dim(cfg.mamba_d_state), m2.mamba2_dt_min) == (24, 24 + 2 * 2 * 8, 0.001)
+    assert not {"mamba_expand", "mamba2_heads", "mamba2_dt_min"} & set(cfg.to_dict())
+    assert not hasattr(cfg, "d_inner") and not hasattr(cfg, "mamba2_conv_dim")
+    flat = {k: v for k, v in cfg.to_dict().items() if k != "kind_params"}
+    flat |= dataclasses.asdict(m1) | dataclasses.asdict(m2)  # as an older manifest wrote them
+    assert HybridConfig.from_dict(json.loads(json.dumps(flat))) == cfg
+    assert HybridConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+@pytest.mark.parametrize("kind", ["parallel_hybrid", "zamba2_hybrid"])
+def test_a_kind_keeps_the_parameters_of_the_kinds_it_uses(kind: str) -> None:
+    """Regression: Falcon-H1's parallel_hybrid and Zamba2's zamba2_hybrid layers run a Mamba2
+    mixer, but the config kept parameters only for the kinds of layer_types, so a model of such
+    layers alone would have run its mixer with Mamba2's defaults. Their kinds name mamba2 in
+    `uses`, and the config keeps its parameters, through a round trip too."""
+    from hybridrt.config import kinds_in_use
+    from hybridrt.kinds import Mamba2Params
+
+    assert kinds_in_use((kind, kind, "attention")) == (kind, "attention", "mamba2")
+    cfg = HybridConfig.make(**BASE, layer_types=(kind,), ffn_types=("none",), mamba2_heads=4, mamba2_groups=2)
+    assert cfg.params(Mamba2Params) == Mamba2Params(mamba2_heads=4, mamba2_groups=2)
+    assert set(cfg.kind_params) == {kind, "mamba2"}
+    assert HybridConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_a_kind_split_between_nested_and_flat_fields_loads_whole() -> None:
+    """Regression: a manifest written while Mamba1's inner norms were already under kind_params
+    but its expand and dt rank were still top-level fields lost the flat ones (the nested
+    mapping replaced the kind's placed fields), so dt_rank fell back to its default."""
+    from hybridrt.kinds import MambaParams
+
+    data = HybridConfig.make(**BASE, layer_types=("mamba",), ffn_types=("none",)).to_dict()
+    data["kind_params"] = {"mamba": {"mamba_inner_norms": True}}
+    data |= {"mamba_expand": 3, "mamba_dt_rank": 2}
+    want = MambaParams(mamba_expand=3, mamba_dt_rank=2, mamba_inner_norms=True)
+    assert HybridConfig.from_dict(json.loads(json.dumps(data))).params(MambaParams) == want
+    whole = {"mamba": MambaParams(mamba_dt_rank=2, mamba_inner_norms=True)}  # flat names replace its fields
+    given = HybridConfig.make(**BASE, layer_types=("mamba",), ffn_types=("none",), mamba_expand=3, kind_params=whole)
+    assert given.params(MambaParams) == want

@@ -139,7 +139,7 @@ def test_each_mamba_scan_is_one_self_contained_scan(jamba_onnx: Path) -> None:
     assert manifest.provenance["fused_norms"]["selective_scans"] == 2
     ssm = next(s for s in manifest.pasts if s.name == "past.0.ssm")
     cfg = manifest.config
-    assert ssm.dims[1:] == (cfg["mamba_d_state"], cfg["mamba_expand"] * cfg["hidden_size"])
+    assert ssm.dims[1:] == (cfg["mamba_d_state"], cfg["kind_params"]["mamba"]["mamba_expand"] * cfg["hidden_size"])
 
 
 @pytest.fixture(scope="module")

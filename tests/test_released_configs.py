@@ -26,6 +26,7 @@ import pytest
 
 from hybridrt.config import HybridConfig
 from hybridrt.errors import UnsupportedArchitectureError
+from hybridrt.kinds import Mamba2Params
 from hybridrt.models.loading.checkpoint import load_config
 
 DATA = Path(__file__).parent / "data" / "released_configs"
@@ -242,7 +243,8 @@ def test_nemotron_h_mamba_prefixed_names_win_as_in_transformers(tmp_path: Path) 
     ckpt = _checkpoint(tmp_path, data)
     cfg = load_config(ckpt)[0]
     ref = transformers.AutoConfig.from_pretrained(ckpt)
-    assert (cfg.mamba2_groups, cfg.mamba_d_conv, cfg.mamba2_conv_bias, cfg.mamba2_dt_min) == (
+    m2 = cfg.params(Mamba2Params)
+    assert (m2.mamba2_groups, cfg.mamba_d_conv, m2.mamba2_conv_bias, m2.mamba2_dt_min) == (
         ref.n_groups,
         ref.conv_kernel,
         ref.use_conv_bias,

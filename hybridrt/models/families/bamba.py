@@ -19,7 +19,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     attn = set(hf.get("attn_layer_indices") or ())
     rope = rope_settings("bamba", hf, handled=("partial_rotary_factor",))
     partial = (hf.get("rope_parameters") or {}).get("partial_rotary_factor", 0.5)
-    return HybridConfig(
+    return HybridConfig.make(  # the Mamba2 fields: kinds.Mamba2Params
         model_type="bamba",
         layer_types=tuple("attention" if i in attn else "mamba2" for i in range(n)),
         ffn_types=("mlp",) * n,

@@ -56,7 +56,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         raise unsupported(MODEL, "mamba_n_groups", groups, "a divisor of mamba_n_heads")
     key_multiplier = _scalar(hf, "key_multiplier")
     rms_norm = hf.get("mamba_rms_norm", False)
-    return HybridConfig.make(  # the multipliers and the Mamba2 variant: kinds.ParallelHybridParams
+    return HybridConfig.make(  # kinds.ParallelHybridParams (multipliers, Mamba2 variant), Mamba2Params
         model_type=MODEL,
         layer_types=("parallel_hybrid",) * n,
         ffn_types=("scaled_mlp",) * n,

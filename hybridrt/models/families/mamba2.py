@@ -17,7 +17,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     heads, head_dim = hf.get("num_heads", 128), hf.get("head_dim", 64)
     if fields["hidden_size"] * hf.get("expand", 2) != heads * head_dim:
         raise unsupported("mamba2", "expand", hf.get("expand", 2), "hidden_size * expand = num_heads * head_dim")
-    return HybridConfig(
+    return HybridConfig.make(  # the Mamba2 fields: kinds.Mamba2Params
         mamba_d_state=hf.get("state_size", 128),
         mamba_d_conv=hf.get("conv_kernel", 4),
         mamba2_heads=heads,

@@ -51,7 +51,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     mamba_heads, expand = hf.get("n_mamba_heads", 8), hf.get("mamba_expand", 2)
     max_len = 16384 if hf.get("use_long_context", False) else hf.get("max_position_embeddings", 4096)
     rope = rope_settings("zamba2", hf) if hf.get("use_mem_rope", False) else {"rope_theta": None}
-    return HybridConfig.make(  # the shared blocks' fields: kinds.Zamba2Params
+    return HybridConfig.make(  # the shared blocks: kinds.Zamba2Params; the Mamba2 fields: Mamba2Params
         model_type="zamba2",
         vocab_size=hf.get("vocab_size", 32000),
         hidden_size=d,

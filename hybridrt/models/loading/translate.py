@@ -204,7 +204,7 @@ def mamba_model(model_type: str, hf: dict[str, Any], **changes: Any) -> HybridCo
     fields = ssm_stack(model_type, hf, "mamba", n=32, d=768, vocab=50280, tie=True)
     fields |= mamba1_fields(hf, fields["hidden_size"])
     fields |= special_tokens(hf, bos=0, eos=0, pad=0)
-    return HybridConfig.make(**(fields | {"mamba_inner_norms": False} | changes))  # the inner norms: kinds.MambaParams
+    return HybridConfig.make(**(fields | {"mamba_inner_norms": False} | changes))  # kinds.MambaParams
 
 
 # Qwen3-Next and Qwen3.5: Gated DeltaNet ("linear_attention") and gated attention

@@ -63,17 +63,17 @@ class MambaMixer(UsesFusedOps, nn.Module):
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()
-        d, di, n, r, k = cfg.hidden_size, cfg.d_inner, cfg.mamba_d_state, cfg.dt_rank, cfg.mamba_d_conv
+        p, d = cfg.params(MambaParams), cfg.hidden_size
+        di, n, r, k = p.d_inner(d), cfg.mamba_d_state, p.dt_rank(d), cfg.mamba_d_conv
         self.d_inner, self.n, self.r = di, n, r
         self.chunk, self.max_len = cfg.scan_chunk, cfg.max_position_embeddings
-        self.in_proj = nn.Linear(d, 2 * di, bias=cfg.mamba_proj_bias)
-        self.conv1d = nn.Conv1d(di, di, k, groups=di, bias=cfg.mamba_conv_bias)
+        self.in_proj = nn.Linear(d, 2 * di, bias=p.mamba_proj_bias)
+        self.conv1d = nn.Conv1d(di, di, k, groups=di, bias=p.mamba_conv_bias)
         self.x_proj = nn.Linear(di, r + 2 * n, bias=False)
         self.dt_proj = nn.Linear(r, di, bias=True)
         self.A_log = nn.Parameter(torch.zeros(di, n))
         self.D = nn.Parameter(torch.ones(di))
-        self.out_proj = nn.Linear(di, d, bias=cfg.mamba_proj_bias)
-        p = cfg.params(MambaParams)
+        self.out_proj = nn.Linear(di, d, bias=p.mamba_proj_bias)
         self.inner_norms = p.mamba_inner_norms
         if self.inner_norms:
             eps = cfg.rms_norm_eps if p.mamba_inner_norm_eps is None else p.mamba_inner_norm_eps

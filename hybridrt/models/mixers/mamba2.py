@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...config import HybridConfig
+from ...kinds import Mamba2Params
 from ..context import MixerContext
 from ..ops import UsesFusedOps, causal_conv, ssd_scan
 
@@ -49,19 +50,20 @@ class Mamba2Mixer(UsesFusedOps, nn.Module):
 
     def __init__(self, cfg: HybridConfig, layer: int = 0, shared: nn.ModuleDict | None = None) -> None:
         super().__init__()
-        d, di, k = cfg.hidden_size, cfg.mamba2_d_inner, cfg.mamba_d_conv
-        self.H, self.P, self.G, self.n = cfg.mamba2_heads, cfg.mamba2_head_dim, cfg.mamba2_groups, cfg.mamba_d_state
-        self.d_inner, self.conv_dim = di, cfg.mamba2_conv_dim
+        p = cfg.params(Mamba2Params)
+        d, di, k = cfg.hidden_size, p.mamba2_d_inner, cfg.mamba_d_conv
+        self.H, self.P, self.G, self.n = p.mamba2_heads, p.mamba2_head_dim, p.mamba2_groups, cfg.mamba_d_state
+        self.d_inner, self.conv_dim = di, p.mamba2_conv_dim(cfg.mamba_d_state)
         self.chunk, self.max_len = cfg.scan_chunk, cfg.max_position_embeddings
-        self.in_proj = nn.Linear(d, di + self.conv_dim + self.H, bias=cfg.mamba2_proj_bias)
-        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, k, groups=self.conv_dim, bias=cfg.mamba2_conv_bias)
+        self.in_proj = nn.Linear(d, di + self.conv_dim + self.H, bias=p.mamba2_proj_bias)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, k, groups=self.conv_dim, bias=p.mamba2_conv_bias)
         self.dt_bias = nn.Parameter(torch.zeros(self.H))
         self.A_log = nn.Parameter(torch.zeros(self.H))
         self.D = nn.Parameter(torch.ones(self.H))
-        eps = cfg.mamba2_norm_eps if cfg.mamba2_norm_eps is not None else cfg.rms_norm_eps
+        eps = p.mamba2_norm_eps if p.mamba2_norm_eps is not None else cfg.rms_norm_eps
         self.norm = GatedRMSNorm(di, di // self.G, eps)
-        self.dt_min = cfg.mamba2_dt_min
-        self.out_proj = nn.Linear(di, d, bias=cfg.mamba2_proj_bias)
+        self.dt_min = p.mamba2_dt_min
+        self.out_proj = nn.Linear(di, d, bias=p.mamba2_proj_bias)
 
     def _ssm(
         self, xs: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor, ssm_state: torch.Tensor
