@@ -19,7 +19,7 @@ from typing import Any
 from ...config import HybridConfig
 from ..loading.layouts import ROTARY_CACHE
 from ..loading.registry import Family, register
-from ..loading.translate import SSM_MAX_LENGTH, as_float, special_tokens, unsupported
+from ..loading.translate import SSM_MAX_LENGTH, special_tokens, time_step_floor, unsupported
 
 # layers_block_type entry (or pattern letter) -> (mixer kind, ffn kind)
 KINDS = {
@@ -54,15 +54,6 @@ def _mamba(hf: dict[str, Any], legacy: str, name: str, default: Any) -> Any:
     """A Mamba2 field under its `mamba_*` spelling or its own name: transformers takes the
     `mamba_*` one when a config has both."""
     return hf[legacy] if legacy in hf else hf.get(name, default)
-
-
-def _dt_floor(hf: dict[str, Any]) -> float:
-    """The lower bound of `time_step_limit`; an upper bound other than inf is refused."""
-    limit = _mamba(hf, "mamba_dt_limit", "time_step_limit", (0.0, math.inf))
-    low, high = (as_float(v) for v in limit)
-    if high != math.inf:
-        raise unsupported("nemotron_h", "time_step_limit", list(limit), "(low, inf)")
-    return low
 
 
 def translate(hf: dict[str, Any]) -> HybridConfig:
@@ -115,7 +106,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         mamba2_groups=_mamba(hf, "mamba_n_groups", "n_groups", 8),
         mamba2_conv_bias=_mamba(hf, "mamba_conv_bias", "use_conv_bias", True),
         mamba2_proj_bias=hf.get("use_bias", False),
-        mamba2_dt_min=_dt_floor(hf),
+        mamba2_dt_min=time_step_floor("nemotron_h", _mamba(hf, "mamba_dt_limit", "time_step_limit", (0.0, math.inf))),
         mamba2_norm_eps=eps,
         **special_tokens(hf, bos=1, eos=2, pad=0),
     )

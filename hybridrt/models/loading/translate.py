@@ -87,13 +87,20 @@ def as_float(value: Any) -> float:
     return float(value)
 
 
+def time_step_floor(model_type: str, limit: Any, floor: bool = True) -> float:
+    """dt's lower clamp from a `time_step_limit` (the Mamba2 mixer clamps below only): an upper
+    bound other than inf is refused, and a lower one too for a family that runs no clamp
+    (`floor=False`)."""
+    low, high = (as_float(v) for v in limit)
+    if high != math.inf or (low > 0.0 and not floor):
+        raise unsupported(model_type, "time_step_limit", list(limit), "(low, inf)" if floor else "(0.0, inf)")
+    return low
+
+
 def check_time_step_limit(model_type: str, hf: dict[str, Any]) -> None:
     """transformers clamps dt to `time_step_limit` in its chunked scan only (not in the
     one-token step); with the default (0, inf) the clamp is a no-op everywhere."""
-    limit = hf.get("time_step_limit", (0.0, math.inf))
-    low, high = (as_float(v) for v in limit)
-    if low > 0.0 or high != math.inf:
-        raise unsupported(model_type, "time_step_limit", list(limit), "(0.0, inf)")
+    time_step_floor(model_type, hf.get("time_step_limit", (0.0, math.inf)), floor=False)
 
 
 def check_silu(model_type: str, hf: dict[str, Any]) -> None:
