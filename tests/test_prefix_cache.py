@@ -17,7 +17,7 @@ import hybridrt
 from hybridrt.errors import GenerationError
 from hybridrt.runtime.decode import prefill_cached
 from hybridrt.runtime.prefix_cache import StateCache
-from hybridrt.runtime.prefix_plan import MIN_SPACING, READ_BYTES_PER_S, TAIL, spacing_for
+from hybridrt.runtime.prefix_plan import MIN_SPACING, READ_BYTES_PER_S, TAIL, chunk_end, spacing_for
 from hybridrt.runtime.radix import RadixTree
 from hybridrt.runtime.state import Snapshot
 
@@ -231,6 +231,13 @@ def test_checkpoints_inside_a_prompt_follow_its_length(jamba_onnx: Path, llama_o
     assert marks == [*range(256, 4096, 256), 4096 - TAIL, 4096]
     assert cache.plan(list(range(3, 4099)), 3900) == [4096 - TAIL, 4096]  # 196 new tokens: tail and end
     assert jamba.state_cache(spacing=256).plan(list(range(3, 900)), 100) == [256, 512, 768, 897 - TAIL, 897]
+    # Not within a quarter spacing after the start (512: 12 past 500) or before the tail (768).
+    assert cache.plan(list(range(3, 703)), 500) == [700 - TAIL, 700]
+    assert cache.plan(list(range(3, 793)), 600) == [790 - TAIL, 790]
+    assert cache.plan(list(range(3, 903)), 600) == [768, 900 - TAIL, 900]
+    # A call takes a few tokens more rather than leave them to a call of their own.
+    assert chunk_end(0, 128, 150, [146, 150]) == 146 and chunk_end(146, 128, 150, [146, 150]) == 150
+    assert chunk_end(0, 128, 170, [166, 170]) == 128 and chunk_end(0, 128, 400, [256]) == 128
 
 
 def test_a_chat_session_resumes_a_conversation_a_cache_has_seen(jamba_onnx: Path) -> None:
@@ -324,3 +331,52 @@ def test_a_bfloat16_state_moves_to_a_peer_as_kept(jamba_onnx: Path) -> None:
         got = receiver.lookup(p + [7])
         assert got is not None and got.snapshot.length == want.snapshot.length
         assert all(np.array_equal(a, b) for a, b in zip(got.snapshot.states, want.snapshot.states))
+
+
+def test_a_row_s_fixed_states_are_copied_into_one_block_made_ready_while_idle(jamba_onnx: Path) -> None:
+    """A stored row's fixed-size states are views of one block; idle time makes blocks ready
+    within the budget (new while there is room, then the least valued entry's), the next
+    copies take them, and a block something still reads is never reused (runtime.host_blocks)."""
+    model = hybridrt.load(jamba_onnx)
+    stepper = model.stepper(1, 64)
+    stepper.forward(np.asarray([_prompt(8)], dtype=np.int64))
+    plain = stepper.row(0)
+    block_bytes = StateCache.for_model(model, memory_bytes=1).block_bytes
+    fits = -(-64 * block_bytes // plain.nbytes)  # ready blocks: at most 1/16 of the budget
+    cache = model.state_cache(memory_bytes=fits * plain.nbytes)
+    fixed = [not s.is_kv for s in model.manifest.pasts]
+    snap = stepper.row(0, cache.blocks)
+    assert snap.block is not None and snap.block.nbytes == cache.block_bytes
+    assert all(x.base is snap.block for x, f in zip(snap.states, fixed) if f)
+    assert all(np.array_equal(a, b) for a, b in zip(snap.states, plain.states))
+    made = 0
+    while cache.prepare():
+        made += 1
+        assert cache.memory + cache.blocks.held() <= cache.memory_bytes
+    assert made == cache.keep_ready == 4
+    ready = {id(b) for b in cache.blocks.ready}
+    keys = [[k] * 8 for k in range(3, 3 + fits)]
+    for key in keys[:2]:
+        taken = stepper.row(0, cache.blocks)
+        assert id(taken.block) in ready  # a ready block, not new memory
+        cache.put(key, taken)
+    for key in keys[2:]:  # to the budget: ready blocks go first, then entries
+        cache.put(key, stepper.row(0, cache.blocks))
+        assert cache.memory + cache.blocks.held() <= cache.memory_bytes
+    assert not cache.blocks.ready and len(cache) == fits
+    # Idle again, full: the least valued entry leaves and its memory is kept ready...
+    victim = min(cache.entries, key=lambda e: (e.priority, e.used))
+    victim_block = id(victim.block)
+    del victim
+    assert cache.prepare() and [id(b) for b in cache.blocks.ready] == [victim_block] and len(cache) == fits - 1
+    # ... unless something still reads its states: that entry leaves, its block is not kept.
+    victim = min(cache.entries, key=lambda e: (e.priority, e.used))
+    read, copy = victim.states, [np.array(x) for x in victim.states or []]
+    del victim
+    assert not cache.prepare() and len(cache.blocks.ready) == 1 and len(cache) == fits - 2
+    while cache.prepare():
+        pass
+    for k in range(3):  # the ready block is taken, new ones made: the one still read is not reused
+        stepper.forward(np.asarray([[7 + k]], dtype=np.int64))  # (other states than the read ones)
+        cache.put([500 + k] * int(stepper.lengths[0]), stepper.row(0, cache.blocks))
+    assert read is not None and all(np.array_equal(a, b) for a, b in zip(read, copy))

@@ -97,7 +97,7 @@ def test_lone_requests_reuse_the_idle_batch_and_equal_generate_alone(model: hybr
         first = _prompt(70, vocab=vocab)
         reply = ask(first, 10).tokens
         assert ask(_prompt(9, seed=1, vocab=vocab), 6).cached == 0  # fresh states in used buffers
-        # The first reply's end was stored when the second request took the buffers: resumed.
+        # The first reply's end was stored while the engine was idle: resumed.
         second = first + reply + _prompt(20, seed=2, vocab=vocab)
         result = ask(second, 8)
         assert result.cached == len(first) + len(reply) - 1
@@ -464,3 +464,33 @@ def test_prompts_cached_whole_join_the_batch_in_one_turn(jamba_onnx: Path) -> No
     assert [r.cached for r in again] == [len(p) for p in prompts]
     for p, r in zip(prompts, again):
         assert r.tokens == model.generate(p, max_new_tokens=4)
+
+
+def test_an_idle_engine_stores_the_kept_row_and_readies_blocks_for_checkpoints(jamba_onnx: Path) -> None:
+    """Between requests the engine stores the kept row's states (a request that does not
+    continue it then waits for no copy, and a chat's next turn still continues in the row) and
+    makes blocks ready for the next checkpoints' fixed states, within the cache's budget; the
+    next request's checkpoints take them (runtime.host_blocks)."""
+    model = hybridrt.load(jamba_onnx)
+    engine = _engine(model, slots=2, chunk=32, cache_bytes=64 << 20)
+    cache = engine.cache
+    assert cache is not None
+    try:
+        first = _prompt(50)
+        _, result = _submit(engine, first, max_new_tokens=6)
+        assert result.done.wait(120) and result.finish == "length"
+        seen = first + result.tokens[:-1]
+        deadline = time.monotonic() + 10
+        while (cache.depth(seen + [1]) < len(seen) or len(cache.blocks.ready) < 4) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cache.depth(seen + [1]) == len(seen) and engine.prompts is not None and engine.prompts.idle is not None
+        assert len(cache.blocks.ready) == cache.keep_ready == 4
+        assert cache.memory + cache.blocks.held() <= cache.memory_bytes
+        ready = {id(b) for b in cache.blocks.ready}
+        turn = first + result.tokens + _prompt(12, seed=5)
+        _, again = _submit(engine, turn, max_new_tokens=4)
+        assert again.done.wait(120) and again.cached == len(seen)  # continued in the kept row
+        assert again.tokens == model.generate(turn, max_new_tokens=4)
+        assert any(id(e.block) in ready for e in list(cache.entries))  # its checkpoints took ready blocks
+    finally:
+        engine.stop()

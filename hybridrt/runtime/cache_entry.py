@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .radix import Node
+from .radix import Node, RadixTree
 from .state import Snapshot
+from .state_files import StateFiles
+
+log = logging.getLogger("hybridrt.cache")
 
 
 @dataclass(eq=False)
@@ -23,6 +27,7 @@ class Entry:
     priority: float = 0.0
     base: float = 0.0  # the cache's clock when it was last stored or used
     used: int = 0  # when it was last stored or used (breaks ties in value: the older leaves first)
+    block: np.ndarray | None = None  # the memory its fixed states are views of (runtime.host_blocks)
 
     @property
     def length(self) -> int:
@@ -50,3 +55,18 @@ class CacheStats:
     disk_reads: int = 0
     saved_seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+
+
+def stored_entries(files: StateFiles, tree: RadixTree[Entry]) -> list[Entry]:
+    """The entries a disk tier holds, placed in `tree` (states on disk only, not priced yet);
+    a record that cannot be read is skipped with a warning."""
+    found = []
+    for record in files.records():
+        if isinstance(record, str):
+            log.warning("prefix cache: skipping %s", record)
+            continue
+        node, _ = tree.insert(record.tokens, None)  # type: ignore[arg-type]
+        entry = Entry(node, record.nbytes, record.cost, None, None, record.has_logits, record.name, record.hits)
+        node.value = entry
+        found.append(entry)
+    return found

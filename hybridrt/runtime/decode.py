@@ -123,7 +123,7 @@ def prefill_cached(stepper: Stepper, tokens: Sequence[int], cache: StateCache) -
         cache.observe(end - seen, time.perf_counter() - t0)
         seen = end
         if end in marks:
-            cache.put(tokens[:end], stepper.row(0), logits if end == len(tokens) else None)
+            cache.put(tokens[:end], stepper.row(0, cache.blocks), logits if end == len(tokens) else None)
     return logits, resumed
 
 
@@ -186,7 +186,7 @@ def generate(
         if cache is not None and stats.tokens[0]:
             reply_end = context + stats.tokens[0][:-1]
             if int(stepper.lengths[0]) == len(reply_end):  # a chat turn continues from here
-                cache.put(reply_end, stepper.row(0))
+                cache.put(reply_end, stepper.row(0, cache.blocks))
 
 
 def _record(

@@ -28,9 +28,10 @@ import numpy as np
 
 from ..errors import GenerationError
 from ..graphs.contract import TensorSpec
-from .cache_entry import CacheStats, Entry, Hit
+from .cache_entry import CacheStats, Entry, Hit, stored_entries
+from .host_blocks import KEEP, Blocks, aligned, alone
 from .input_checks import available_memory
-from .prefix_plan import fixed_bytes, marks
+from .prefix_plan import fixed_sizes, marks
 from .radix import RadixTree, common_prefix
 from .state import Snapshot, _fit, narrowed, widened
 from .state_files import StateFiles, identity
@@ -70,7 +71,10 @@ class StateCache:
         self.recurrent = any(not s.is_kv for s in self.pasts)
         self.memory_bytes = int(MEMORY_SHARE * available_memory()) if memory_bytes is None else memory_bytes
         self.spacing = spacing  # None: spacing_for each prompt
-        self.state_bytes = fixed_bytes(self.pasts)
+        self.state_bytes = sum(fixed_sizes(self.pasts))
+        self.block_bytes = sum(aligned(n) for n in fixed_sizes(self.pasts))  # a row's fixed states
+        self.blocks = Blocks()  # host memory for them, made ready while idle (runtime.host_blocks)
+        self.keep_ready = min(KEEP, self.memory_bytes // (16 * self.block_bytes)) if self.recurrent else 0
         self.tree: RadixTree[Entry] = RadixTree()
         self.entries: set[Entry] = set()
         self.memory = 0  # bytes of states held in memory
@@ -170,9 +174,9 @@ class StateCache:
         if snapshot.length != len(tokens):
             raise ValueError(f"a snapshot of {snapshot.length} tokens stored under {len(tokens)}")
         row_logits = None if logits is None else np.array(logits[:1], dtype=np.float32)
-        states = list(snapshot.states)
+        states, block = list(snapshot.states), snapshot.block
         if self.stored == "bfloat16":
-            states = narrowed(states)
+            states, block = narrowed(states), None
         nbytes = sum(x.nbytes for x in states) + (0 if row_logits is None else row_logits.nbytes)
         if nbytes > self.memory_bytes and (self.files is None or nbytes > self.files.cap):
             return  # it would leave at once
@@ -184,14 +188,8 @@ class StateCache:
                 old.priority = self._priority(old)
                 return
             node, _ = self.tree.insert(tokens, None)  # type: ignore[arg-type]
-            entry = Entry(
-                node,
-                nbytes,
-                len(tokens) * self.seconds_per_token,
-                states,
-                row_logits,
-                row_logits is not None,
-            )
+            cost = len(tokens) * self.seconds_per_token
+            entry = Entry(node, nbytes, cost, states, row_logits, row_logits is not None, block=block)
             if old is not None:
                 self._forget(old, keep_node=True)
                 entry.hits = old.hits
@@ -214,13 +212,7 @@ class StateCache:
     def _value(self, entry: Entry) -> float:
         """Prefill seconds per byte that entry saves beyond its nearest stored ancestor, times
         one plus its hits."""
-        node, above = entry.node.parent, 0
-        while node is not None:
-            if node.value is not None:
-                above = node.depth
-                break
-            node = node.parent
-        own = entry.cost * (entry.length - above) / max(entry.length, 1)
+        own = entry.cost * (entry.length - entry.node.held_above()) / max(entry.length, 1)
         return (entry.hits + 1) * own / max(entry.nbytes, 1)
 
     def _reprice(self, entries: Sequence[Entry]) -> None:
@@ -232,19 +224,28 @@ class StateCache:
     def _fit(self, incoming: int = 0) -> None:
         """Evict the least valued states until `incoming` more bytes fit in memory (to the disk
         tier where there is one, itself kept within its cap)."""
-        while self.memory + incoming > self.memory_bytes:
-            held = [e for e in self.entries if e.states is not None]
-            if not held:
+        while self.memory + self.blocks.held() + incoming > self.memory_bytes:
+            if not (self.blocks.drop() or self._evict()):  # a ready block goes first
                 break
-            victim = min(held, key=lambda e: (e.priority, e.used))
-            self.clock = max(self.clock, victim.priority)
-            self.stats.evictions += 1
-            if self.files is not None and (victim.file is not None or self._write(victim)):
-                self.memory -= victim.nbytes
-                victim.states, victim.logits = None, None
-            else:
-                self._forget(victim)
         self._fit_disk()
+
+    def _evict(self, keep: bool = False) -> bool:
+        """The least valued entry in memory leaves it (to the disk tier, or gone); False if none
+        is there. keep: its block is kept ready if nothing else holds it (runtime.host_blocks)."""
+        held = [e for e in self.entries if e.states is not None]
+        if not held:
+            return False
+        victim = min(held, key=lambda e: (e.priority, e.used))
+        self.clock = max(self.clock, victim.priority)
+        self.stats.evictions += 1
+        block, victim.block = victim.block, None
+        if self.files is not None and (victim.file is not None or self._write(victim)):
+            self._unload(victim)
+        else:
+            self._forget(victim)
+        if not keep:
+            return True
+        return block is not None and block.nbytes == self.block_bytes and alone(block) and self.blocks.keep(block)
 
     def _fit_disk(self, incoming: int = 0) -> None:
         while self.files is not None and self.disk + incoming > self.files.cap:
@@ -259,7 +260,7 @@ class StateCache:
     def _forget(self, entry: Entry, keep_node: bool = False) -> None:
         self.entries.discard(entry)
         if entry.states is not None:
-            self.memory -= entry.nbytes
+            self._unload(entry)
         if entry.file is not None:
             self._drop_file(entry)
         if not keep_node:
@@ -267,13 +268,31 @@ class StateCache:
             self.tree.remove(entry.node)
             self._reprice(below)
 
+    def _unload(self, entry: Entry) -> None:
+        """entry's states leave memory (to disk, or gone)."""
+        self.memory -= entry.nbytes
+        entry.states, entry.logits, entry.block = None, None, None
+
+    def prepare(self) -> bool:
+        """Idle time: one more block ready for a checkpoint's fixed states (runtime.host_blocks),
+        within the budget: a new one where there is room, else the least valued entry's, which
+        leaves a little early; False when there is nothing to do."""
+        if not self.recurrent or len(self.blocks.ready) >= self.keep_ready:
+            return False
+        with self.lock:
+            if self.memory + self.blocks.held() + self.block_bytes <= self.memory_bytes:
+                return self.blocks.add(self.block_bytes)
+            return self._evict(keep=True)
+
     def _states(self, entry: Entry) -> tuple[list[np.ndarray], np.ndarray | None] | None:
         """entry's states and logits, read back from disk when they are only there (None if
         unreadable). The entry may leave memory again at once (a small budget): the arrays
         returned stay valid."""
         if entry.states is not None:
             return entry.states, entry.logits
-        read = self._read(entry)
+        assert entry.file is not None
+        read = None if self.files is None else self.files.read_states(entry.file, entry.has_logits)
+        self.stats.disk_reads += read is not None
         if read is None:
             self._forget(entry)
             return None
@@ -290,14 +309,8 @@ class StateCache:
             self.files = StateFiles.open(root, owner, disk_bytes)
         except OSError as e:
             return self._warn(f"the cache directory {root} cannot be written ({e}); states stay in memory only")
-        for record in self.files.records():
-            if isinstance(record, str):
-                log.warning("prefix cache: skipping %s", record)
-                continue
-            node, _ = self.tree.insert(record.tokens, None)  # type: ignore[arg-type]
-            entry = Entry(node, record.nbytes, record.cost, None, None, record.has_logits, record.name, record.hits)
+        for entry in stored_entries(self.files, self.tree):
             entry.priority = self._priority(entry)
-            node.value = entry
             self.entries.add(entry)
             self.disk += entry.nbytes
         self._reprice(list(self.entries))  # each counted beyond its ancestors, read in any order
@@ -322,19 +335,6 @@ class StateCache:
         self.disk += entry.nbytes
         self.stats.disk_writes += 1
         return True
-
-    def _read(self, entry: Entry) -> tuple[list[np.ndarray], np.ndarray | None] | None:
-        assert entry.file is not None
-        if self.files is None:
-            return None
-        try:
-            arrays = self.files.read(entry.file)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            log.warning("prefix cache: dropping a stored state that cannot be read: %s", e)
-            return None
-        self.stats.disk_reads += 1
-        logits = arrays.pop() if entry.has_logits else None
-        return arrays, logits
 
     def _drop_file(self, entry: Entry) -> None:
         if entry.file is None:

@@ -5,7 +5,10 @@ only resume from a state stored at or before the first token where it differs fr
 seen. States are therefore stored at checkpoints (`marks`):
 
 - every `spacing` tokens of a long prompt (positions that are multiples of it, so prompts of
-  different lengths that share a prefix share those checkpoints; see `spacing_for`);
+  different lengths that share a prefix share those checkpoints; see `spacing_for`), except
+  within a quarter spacing after where the prefill starts or before its tail checkpoint: one
+  there saves less than that over its neighbour, and costs a copy and a prefill call of its
+  own (a call costs about a decode step's time besides its tokens);
 - where a prompt parts from something already stored or from another queued prompt (a shared
   system prompt gets one exact checkpoint at its end, the first time a second request shows
   it), unless that is within MIN_BRANCH tokens of where the prefill starts;
@@ -46,9 +49,9 @@ MIN_BRANCH = 64  # a branch point closer than this to where a prefill starts is 
 READ_BYTES_PER_S = 1e9
 
 
-def fixed_bytes(pasts: Sequence[TensorSpec]) -> int:
-    """Bytes of one row's fixed-size (conv, SSM) states: what every checkpoint holds."""
-    return sum(int(np.prod(state_shape(s, 1))) * np.dtype(s.dtype).itemsize for s in pasts if not s.is_kv)
+def fixed_sizes(pasts: Sequence[TensorSpec]) -> list[int]:
+    """Bytes of each of one row's fixed-size (conv, SSM) states: what every checkpoint holds."""
+    return [int(np.prod(state_shape(s, 1))) * np.dtype(s.dtype).itemsize for s in pasts if not s.is_kv]
 
 
 def spacing_for(length: int, state_bytes: int, seconds_per_token: float) -> int:
@@ -80,13 +83,17 @@ def marks(
     if end - TAIL > start:
         found.add(end - TAIL)
     every = spacing_for(end - start, state_bytes, seconds_per_token) if spacing is None else spacing
-    if every:
-        found.update(range((start // every + 1) * every, end, every))
+    if every:  # not within a quarter spacing of the start or the tail (see the module docstring)
+        near, first = every // 4, (start // every + 1) * every
+        found.update(m for m in range(first, end, every) if start + near <= m <= end - TAIL - near)
     found.update(a for a in branches if start + MIN_BRANCH <= a < end)
     return sorted(m for m in found if m > start)
 
 
 def chunk_end(fed: int, chunk: int, length: int, stops: Sequence[int]) -> int:
-    """Where a prefill call that starts at `fed` ends: after at most `chunk` tokens, at the
-    prompt's end, or at the next checkpoint, so that storing a checkpoint costs a copy."""
-    return min([fed + chunk, length, *(m for m in stops if m > fed)])
+    """Where a prefill call that starts at `fed` ends: at the prompt's end or the next
+    checkpoint (so that storing one costs a copy) if that is at most a quarter past `chunk`
+    tokens away (a call costs a step's fixed time besides its tokens: no call for a few
+    left over), else after `chunk` tokens."""
+    stop = min([length, *(m for m in stops if m > fed)])
+    return stop if stop - fed <= chunk + chunk // 4 else fed + chunk

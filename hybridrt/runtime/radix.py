@@ -33,6 +33,13 @@ class Node(Generic[V]):
             node = node.parent
         return [t for edge in reversed(parts) for t in edge]
 
+    def held_above(self) -> int:
+        """The depth of the nearest node above this one that holds a value (0: none)."""
+        node = self.parent
+        while node is not None and node.value is None:
+            node = node.parent
+        return 0 if node is None else node.depth
+
 
 @dataclass(frozen=True)
 class Match(Generic[V]):

@@ -24,7 +24,7 @@ Shapes: b = batch, s = new tokens this call, C = KV capacity, V = vocabulary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ from ..errors import GenerationError
 from ..graphs.contract import TensorSpec
 from ..graphs.feeds import graph_feeds
 from ..graphs.manifest import Manifest
+from .host_blocks import Blocks, block_bytes, new_block, pack
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Snapshot:
 
     states: list[np.ndarray]
     length: int
+    block: np.ndarray | None = field(default=None, repr=False, compare=False)  # holds the fixed states
 
     @property
     def nbytes(self) -> int:
@@ -199,29 +201,34 @@ class Stepper:
         """Row `row` takes `states` (one row each, KV of at most our capacity) and `length`."""
         raise NotImplementedError
 
-    def row(self, r: int) -> Snapshot:
+    def row(self, r: int, blocks: Blocks | None = None) -> Snapshot:
         """Row r's states and length, its KV cut to the positions it holds."""
-        return self.row_at(r, int(self.lengths[r]))
+        return self.row_at(r, int(self.lengths[r]), None, blocks)
 
     def fixed_of(self, r: int, into: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """Row r's fixed-size (conv, SSM) states copied into `into` (made when None, reusable:
         the next call writes the row's states in place, its KV at later positions only)."""
         rows = [x[r : r + 1] for s, x in zip(self.pasts, self._arrays()) if not s.is_kv]
         if into is None:
-            return [np.array(x) for x in rows]
+            return pack(rows, new_block(block_bytes(rows)))
         for dst, x in zip(into, rows):
             dst[...] = x
         return into
 
-    def row_at(self, r: int, length: int, fixed: list[np.ndarray] | None = None) -> Snapshot:
+    def row_at(
+        self, r: int, length: int, fixed: list[np.ndarray] | None = None, blocks: Blocks | None = None
+    ) -> Snapshot:
         """Row r's states (copies) with its KV cut to `length` positions; with `fixed`, the fixed
-        states it had then (fixed_of), its KV having been written at later positions only since."""
-        held = iter(fixed) if fixed is not None else None
+        states it had then (fixed_of), its KV having been written at later positions only since.
+        The fixed states are copied into one block (runtime.host_blocks), from `blocks` if given."""
+        arrays = self._arrays()
+        rows = [x[r : r + 1] for s, x in zip(self.pasts, arrays) if not s.is_kv] if fixed is None else fixed
+        block = (new_block if blocks is None else blocks.take)(block_bytes(rows)) if rows else None
+        held = iter([] if block is None else pack(rows, block))
         states = [
-            np.array(_fit(x[r : r + 1], s, length) if s.is_kv else (x[r : r + 1] if held is None else next(held)))
-            for s, x in zip(self.pasts, self._arrays())
+            np.array(_fit(x[r : r + 1], s, length)) if s.is_kv else next(held) for s, x in zip(self.pasts, arrays)
         ]
-        return Snapshot(states, length)
+        return Snapshot(states, length, block)
 
     def fresh(self, batch: int) -> Stepper:
         """A stepper of the same kind and capacity over `batch` fresh rows."""

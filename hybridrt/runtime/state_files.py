@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import zlib
@@ -23,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from ..graphs.manifest import Manifest
+
+log = logging.getLogger("hybridrt.cache")
 
 FILE_FORMAT = 1
 DISK_SHARE = 0.5  # of the free space in the directory at start, the default cap
@@ -114,6 +117,17 @@ class StateFiles:
             arrays.append(a)
             at += a.nbytes
         return arrays
+
+    def read_states(self, name: str, has_logits: bool) -> tuple[list[np.ndarray], np.ndarray | None] | None:
+        """An entry's states and last logits stored as `name`; None (with a warning) when they
+        cannot be read back."""
+        try:
+            arrays = self.read(name)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("prefix cache: dropping a stored state that cannot be read: %s", e)
+            return None
+        logits = arrays.pop() if has_logits else None
+        return arrays, logits
 
     def remove(self, name: str) -> None:
         for suffix in (".json", ".bin"):  # the record first: data without one is never read

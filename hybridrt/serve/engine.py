@@ -18,8 +18,9 @@ The decode batch and each prefilling request's states are runtime state batches
 (`Model.stepper`): bound on the model's device, so `--provider cuda` keeps every state on
 the GPU between steps; rows join (`extend`) and leave (`reorder`) between steps. A batch
 whose last row left is kept: the next request prefills in its buffers, and one that continues
-what that row has seen (a chat's next turn) continues in it (serve.prefill.Prompts.park); after
-`idle_release_s` without work its memory is given back. Per-request state: serve.request.
+what that row has seen (a chat's next turn) continues in it (serve.prefill.Prompts.park); idle
+turns store its states and ready memory for checkpoints (Prompts.tidy); after `idle_release_s`
+without work its memory is given back. Per-request state: serve.request.
 """
 
 from __future__ import annotations
@@ -78,13 +79,12 @@ class Engine:
         self.speculation: Speculation | None = None  # with an assistant
         self.ready = threading.Event()
         self.error: BaseException | None = None
-        self.cond = threading.Condition()
         self.warmup_s: float | None = None  # the warm-up step before ready (seconds)
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
         self.running: list[Request] = []
         self.batch: Stepper | None = None
-        self.closing = False
+        self.closing, self.cond = False, threading.Condition()
         self.thread = threading.Thread(target=self._run, name="hybridrt-engine", daemon=True)
 
     def start(self) -> Engine:
@@ -143,6 +143,8 @@ class Engine:
     def _turn(self) -> bool:
         with self.cond:
             while not (self.waiting or self.prefilling or self.running or self.closing):
+                if self.prompts is not None and self.prompts.tidy():
+                    continue  # a piece of idle work (a request that arrives meanwhile waits for it)
                 if not self.cond.wait(self.config.idle_release_s) and self.prompts is not None:
                     self.prompts.release_idle()  # idle a while: the kept batch's memory back
             if self.closing:
@@ -268,7 +270,7 @@ class Engine:
                 # A lone row stays where it is (Prompts.park) until another request needs it.
                 seen = req.prompt + req.tokens[:-1]
                 if len(self.running) > 1:
-                    self.cache.put(seen, self.batch.row(i), None)
+                    self.cache.put(seen, self.batch.row(i, self.cache.blocks), None)
         self._keep(keep, seen if len(self.running) == 1 else None)
 
     def _speculate(self) -> None:
@@ -279,7 +281,7 @@ class Engine:
             # Finished inside the round: the row is back to before the round's call.
             if self.cache is not None and self.cache.enabled:
                 seen = (req.prompt + req.tokens)[: int(self.batch.lengths[0])]
-                self.cache.put(seen, self.batch.row(0), None)
+                self.cache.put(seen, self.batch.row(0, self.cache.blocks), None)
             self._keep([])
 
     def _advance(self, req: Request, logits: np.ndarray) -> bool:

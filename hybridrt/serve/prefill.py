@@ -96,12 +96,13 @@ class Prompts:
         # in that row, with nothing copied; any other stores them first.
         self.idle: Stepper | None = None
         self.idle_seen: list[int] | None = None
+        self.idle_stored = False  # idle_seen's states are in the cache already (tidy)
         self.held: list[np.ndarray] | None = None  # a prompt's fixed states before its last call
 
     def park(self, batch: Stepper, seen: list[int] | None = None) -> None:
         """Keep the emptied decode batch for the next request; `seen`: what its one row holds."""
         self._store_idle()
-        self.idle, self.idle_seen = batch, seen
+        self.idle, self.idle_seen, self.idle_stored = batch, seen, False
 
     def release_idle(self) -> None:
         """Give the kept batch's buffers back (the server has been idle a while); what its row
@@ -109,10 +110,21 @@ class Prompts:
         self._store_idle()
         self.idle = None
 
-    def _store_idle(self) -> None:
-        if self.idle is not None and self.idle_seen is not None:
-            self.cache.put(self.idle_seen, self.idle.row(0), None)
-        self.idle_seen = None
+    def tidy(self) -> bool:
+        """The server's idle time, a piece a call (False: nothing left to do): the kept row's
+        states into the cache (the row stays kept: a chat's next turn still continues in it,
+        and a request that does not need not wait for the copy), then blocks made ready for
+        the next checkpoints (runtime.host_blocks)."""
+        if self.cache.enabled and self.idle is not None and self.idle_seen is not None and not self.idle_stored:
+            self._store_idle(keep=True)
+            return True
+        return self.cache.prepare()
+
+    def _store_idle(self, keep: bool = False) -> None:
+        if self.idle is not None and self.idle_seen is not None and not self.idle_stored:
+            self.cache.put(self.idle_seen, self.idle.row(0, self.cache.blocks), None)
+        self.idle_stored = keep and self.idle_seen is not None
+        self.idle_seen = self.idle_seen if keep else None
 
     def cached_whole(self, req: Request) -> np.ndarray | None:
         """A newly admitted request: the last logits of its prompt where the cache holds it whole
@@ -167,16 +179,16 @@ class Prompts:
                 # reused from request to request): the checkpoint is stored after the first token.
                 self.held, req.held = rows.fixed_of(0, self.held), end
             elif end in req.marks:
-                self.cache.put(req.prompt[:end], rows.row(0))
+                self.cache.put(req.prompt[:end], rows.row(0, self.cache.blocks))
             return None
         held, req.held = req.held, None
         at_end = end in req.marks
 
         def store() -> None:
             if held is not None and self.held is not None:
-                self.cache.put(req.prompt[:held], rows.row_at(0, held, self.held))
+                self.cache.put(req.prompt[:held], rows.row_at(0, held, self.held, self.cache.blocks))
             if at_end:
-                self.cache.put(req.prompt, rows.row(0), logits)
+                self.cache.put(req.prompt, rows.row(0, self.cache.blocks), logits)
 
         return logits, store
 
@@ -218,7 +230,7 @@ class Prompts:
         seen = self.idle_seen
         if self.idle is None or seen is None or len(req.prompt) <= len(seen) or req.prompt[: len(seen)] != seen:
             return False
-        req.rows, self.idle, self.idle_seen = self.idle, None, None
+        req.rows, self.idle, self.idle_seen, self.idle_stored = self.idle, None, None, False
         capacity = len(req.prompt) + req.cfg.max_new_tokens
         if req.rows.has_kv and capacity > req.rows.capacity:
             req.rows.grow(capacity)
