@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .kinds import FFN_KINDS, LAYER_KINDS
+from .ffn_kinds import FFN_KINDS
+from .kinds import LAYER_KINDS
 
 MIXER_KINDS = LAYER_KINDS  # the table in kinds.py; names here for older imports
 ROPE_TYPES = ("default", "linear", "llama3")

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from ..config import HybridConfig
-from ..kinds import FFN_KINDS, layer_kind
+from ..ffn_kinds import FFN_KINDS
+from ..kinds import layer_kind
 from .context import MixerContext
 from .layers import RMSNorm, rope_cos_sin, rope_inv_freq
 from .ops import attention_lengths
@@ -51,7 +52,7 @@ class Block(nn.Module):
             self.mixer = _resolve(spec.module)(cfg, layer, shared)
         self.ffn: nn.Module | None = None
         self.ffn_norm: nn.Module | None = None
-        ffn = FFN_KINDS[cfg.ffn_types[layer]]
+        ffn = FFN_KINDS[cfg.ffn_types[layer]].module
         if ffn is not None:
             cls = _resolve(ffn)
             # A feed-forward class with `prenorm = False` norms its own output instead (OLMo).
