@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..config import HybridConfig
+from ..ffn_kinds import MoEParams
 from .context import MixerContext
 from .ops import UsesFusedOps, attend, moe
 
@@ -65,8 +66,9 @@ class MoE(UsesFusedOps, nn.Module):
 
     def __init__(self, cfg: HybridConfig, layer: int = 0) -> None:
         super().__init__()
-        d, f, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts
-        self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.moe_renormalize
+        moe = cfg.params(MoEParams)
+        d, f, e = cfg.hidden_size, cfg.intermediate_size, moe.num_experts
+        self.top_k, self.renormalize = moe.num_experts_per_tok, moe.moe_renormalize
         self.router = nn.Linear(d, e, bias=False)
         self.experts = nn.Module()
         self.experts.gate_up_proj = nn.Parameter(nn.init.zeros_(torch.empty(e, 2 * f, d)))
