@@ -14,9 +14,11 @@ outside the package adds parameters without an edit here. A kind that runs anoth
 block inside its own names it in `uses` (Falcon-H1's parallel_hybrid and Zamba2's
 zamba2_hybrid use mamba2; the MoE feed-forward kinds use moe), so the config keeps the used
 kind's parameters too (`kinds_in_use`); only the state-space dims that Mamba1 and Mamba2 share,
-mamba_d_state and mamba_d_conv, stay fields here. Serialized (`to_dict`), the parameters sit
-under "kind_params", "ffn_params" and "family_params"; `from_dict` also reads the flat layout
-of older manifests, and refuses a key it cannot place rather than drop it.
+mamba_d_state and mamba_d_conv, stay fields here. The scalar multipliers some families apply to
+the embeddings, residual branches, attention scores and logits are one `Multipliers`, read
+the same way. Serialized (`to_dict`), the parameters sit under "kind_params", "ffn_params",
+"family_params" and "multipliers"; `from_dict` also reads the flat layout of older manifests,
+and refuses a key it cannot place rather than drop it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ ROPE_TYPES = ("default", "linear", "llama3")
 FAMILY_PARAMS: dict[str, type] = {}
 P = TypeVar("P")
 _TUPLES = ("layer_types", "ffn_types", "eos_token_id")
-_GROUPS = ("kind_params", "ffn_params", "family_params")
+_GROUPS = ("multipliers", "kind_params", "ffn_params", "family_params")
 KindTable = Mapping[str, LayerKind | FfnKind]  # LAYER_KINDS or FFN_KINDS
 # The config's fields that hold parameters kind by kind -> the table of those kinds.
 _BY_KIND: dict[str, KindTable] = {"kind_params": LAYER_KINDS, "ffn_params": FFN_KINDS}
@@ -44,6 +46,18 @@ _BY_KIND: dict[str, KindTable] = {"kind_params": LAYER_KINDS, "ffn_params": FFN_
 def kind_params_classes(table: KindTable = LAYER_KINDS) -> dict[str, type]:
     """kind name -> its parameters dataclass, for the kinds of `table` that declare one."""
     return {name: kind.params for name, kind in table.items() if kind.params is not None}
+
+
+@dataclass(frozen=True)
+class Multipliers:
+    """Scalar multipliers on the embeddings, the residual branches, the attention scores and the
+    logits (Granite's; Falcon-H1's embedding, key and LM-head multipliers). The defaults leave a
+    model unchanged."""
+
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None  # None: 1 / sqrt(head_dim)
+    logits_scaling: float = 1.0  # logits are divided by it
 
 
 @dataclass(frozen=True)
@@ -84,11 +98,6 @@ class HybridConfig:
     # parameters are kinds.MambaParams and kinds.Mamba2Params.
     mamba_d_state: int = 16
     mamba_d_conv: int = 4
-    # Scalar multipliers (Granite); the defaults leave a model unchanged.
-    embedding_multiplier: float = 1.0
-    residual_multiplier: float = 1.0
-    attention_multiplier: float | None = None  # None: 1 / sqrt(head_dim)
-    logits_scaling: float = 1.0  # logits are divided by it
     # Gated attention (Qwen3-Next, Qwen3.5): q_proj also yields a per-head gate, y * sigmoid(gate).
     attn_output_gate: bool = False
     # Special tokens
@@ -97,6 +106,8 @@ class HybridConfig:
     pad_token_id: int | None = None
     # Prompt-path scan: chunk length of the parallel scan (a constant of the graph).
     scan_chunk: int = 16
+    # Granite's and Falcon-H1's scalar multipliers, read as cfg.params(Multipliers).
+    multipliers: Multipliers = field(default_factory=Multipliers)
     # Parameters owned by layer and feed-forward kinds (kind name -> its params dataclass; one
     # entry per kind in use, kinds_in_use, that declares parameters) and by the family (its
     # Family.params, or None). A mapping loaded for a family that is not installed stays a dict.
@@ -117,13 +128,14 @@ class HybridConfig:
             raise ValueError(f"unknown rope type {self.rope_type!r}; known: {', '.join(ROPE_TYPES)}")
         object.__setattr__(self, "kind_params", _kind_params(LAYER_KINDS, self.layer_types, self.kind_params))
         object.__setattr__(self, "ffn_params", _kind_params(FFN_KINDS, self.ffn_types, self.ffn_params))
+        object.__setattr__(self, "multipliers", _as_params(Multipliers, self.multipliers))
         object.__setattr__(self, "family_params", _family_params(self.model_type, self.family_params))
 
     def params(self, cls: type[P]) -> P:
         """The parameters of the kind or family whose dataclass is `cls` (kinds.LayerKind.params,
-        ffn_kinds.FfnKind.params, Family.params): this config's, or the defaults when no kind in
-        use declares it."""
-        for group in (*self.kind_params.values(), *self.ffn_params.values(), self.family_params):
+        ffn_kinds.FfnKind.params, Family.params) or the Multipliers: this config's, or the
+        defaults when no kind in use declares it."""
+        for group in (*self.kind_params.values(), *self.ffn_params.values(), self.family_params, self.multipliers):
             if isinstance(group, cls):
                 return group
         return cls()
@@ -156,7 +168,7 @@ class HybridConfig:
     def typed_fields(self) -> Iterator[tuple[str, str, Any]]:
         """(name, annotated type, value) of every field and every kind and family parameter
         held as a dataclass, for checks of a translated config's values."""
-        groups = (*self.kind_params.values(), *self.ffn_params.values(), self.family_params)
+        groups = (*self.kind_params.values(), *self.ffn_params.values(), self.family_params, self.multipliers)
         for obj in (self, *groups):
             if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
                 for f in dataclasses.fields(obj):
@@ -254,9 +266,10 @@ def _owners(model_type: str) -> dict[str, tuple[str, str | None]]:
         for kind, cls in kind_params_classes(table).items():
             for f in dataclasses.fields(cls):
                 owner.setdefault(f.name, (group, kind))
-    family = FAMILY_PARAMS.get(model_type)
-    for f in dataclasses.fields(family) if family else ():
-        owner[f.name] = ("family_params", None)  # a family's own name wins over a kind's
+    singles: dict[str, type | None] = {"multipliers": Multipliers, "family_params": FAMILY_PARAMS.get(model_type)}
+    for group, single in singles.items():
+        for f in dataclasses.fields(single) if single else ():
+            owner[f.name] = (group, None)  # a family's or a multiplier's name wins over a kind's
     return owner
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from hybridrt.config import FAMILY_PARAMS, HybridConfig, kind_params_classes, kinds_in_use
+from hybridrt.config import FAMILY_PARAMS, HybridConfig, Multipliers, kind_params_classes, kinds_in_use
 from hybridrt.ffn_kinds import FFN_KINDS, MoEParams, NemotronMoEParams, SharedExpertParams
 from hybridrt.kinds import LAYER_KINDS, GatedDeltaParams, LayerKind, ShortConvParams, StateDecl, register_kind
 from hybridrt.models.loading.registry import FAMILIES, Family, register
@@ -72,7 +72,7 @@ def test_parameter_names_are_unambiguous() -> None:
     or another kind's parameter."""
     own = {f.name for f in dataclasses.fields(HybridConfig)}
     seen: set[str] = set()
-    for cls in [*kind_params_classes().values(), *kind_params_classes(FFN_KINDS).values()]:
+    for cls in [*kind_params_classes().values(), *kind_params_classes(FFN_KINDS).values(), Multipliers]:
         names = {f.name for f in dataclasses.fields(cls)}
         assert not names & own and not names & seen
         seen |= names
@@ -227,10 +227,11 @@ def test_a_kind_split_between_nested_and_flat_fields_loads_whole() -> None:
 
 
 def _flat(cfg: HybridConfig) -> dict[str, object]:
-    """cfg as a manifest wrote it before the feed-forward kinds owned their parameters: every one
-    of them a top-level field, those of kinds the model does not use included (at their defaults)."""
-    data = {k: v for k, v in cfg.to_dict().items() if k != "ffn_params"}
-    for cls in (MoEParams, SharedExpertParams, NemotronMoEParams):
+    """cfg as a manifest wrote it before the feed-forward kinds owned their parameters and the
+    multipliers were one object: every one of them a top-level field, those of kinds the model
+    does not use included (at their defaults)."""
+    data = {k: v for k, v in cfg.to_dict().items() if k not in ("ffn_params", "multipliers")}
+    for cls in (MoEParams, SharedExpertParams, NemotronMoEParams, Multipliers):
         data |= dataclasses.asdict(cfg.params(cls))
     return json.loads(json.dumps(data))
 
@@ -270,3 +271,17 @@ def test_granite_shared_expert_alone_keeps_its_size_not_the_routers() -> None:
     assert cfg.ffn_params == {"shared_mlp": SharedExpertParams(40)}
     assert cfg.params(MoEParams) == MoEParams()
     assert HybridConfig.from_dict(_flat(cfg)) == cfg
+
+
+def test_multipliers_are_one_object_and_older_flat_files_load() -> None:
+    """Granite's and Falcon-H1's scalar multipliers are one config.Multipliers, nested under
+    "multipliers"; a manifest that held them as top-level fields loads to an equal config."""
+    flat = {"embedding_multiplier": 1.7, "attention_multiplier": 0.3, "logits_scaling": 2.5}
+    cfg = HybridConfig.make(**BASE, layer_types=("attention",), ffn_types=("mlp",), **flat)
+    assert cfg.params(Multipliers) == Multipliers(1.7, 1.0, 0.3, 2.5) == cfg.multipliers
+    assert cfg.to_dict()["multipliers"]["logits_scaling"] == 2.5 and "logits_scaling" not in cfg.to_dict()
+    assert HybridConfig.from_dict(_flat(cfg)) == cfg
+    assert HybridConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert _gdn().params(Multipliers) == Multipliers()
+    with pytest.raises(ValueError, match="'logit_scaling'"):
+        HybridConfig.from_dict(cfg.to_dict() | {"multipliers": {"logit_scaling": 2.0}})

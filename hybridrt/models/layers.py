@@ -12,7 +12,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from ..config import HybridConfig
+from ..config import HybridConfig, Multipliers
 from ..ffn_kinds import MoEParams
 from .context import MixerContext
 from .ops import UsesFusedOps, attend, moe
@@ -137,7 +137,8 @@ class Attention(UsesFusedOps, nn.Module):
         if self.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
-        self.scale = cfg.attention_multiplier if cfg.attention_multiplier is not None else hd**-0.5
+        scale = cfg.params(Multipliers).attention_multiplier
+        self.scale = scale if scale is not None else hd**-0.5
 
     def forward(
         self, x: torch.Tensor, ctx: MixerContext, past_k: torch.Tensor, past_v: torch.Tensor

@@ -36,7 +36,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     if positions not in POSITION_TYPES:
         raise unsupported("granitemoehybrid", "position_embedding_type", positions, "rope, nope, null")
     rope = rope_settings("granitemoehybrid", hf) if positions == "rope" else {"rope_theta": None}
-    # Mamba2 fields: kinds.Mamba2Params; experts: ffn_kinds.MoEParams, SharedExpertParams
+    # Mamba2 fields: kinds.Mamba2Params; experts: ffn_kinds.MoEParams, SharedExpertParams; config.Multipliers
     return HybridConfig.make(
         model_type="granitemoehybrid",
         layer_types=layer_types,
