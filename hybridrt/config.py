@@ -5,17 +5,20 @@ below graphs/ (whose contract is a function of it) and models/ (which builds fro
 `kinds.LAYER_KINDS`. It drives the model build, the graph's state inputs (graphs.contract),
 the runtime's buffer allocation and the tests.
 
-Parameters that one layer kind or one family alone reads are not fields here: a kind declares
-them as a frozen dataclass (`LayerKind.params`), a family likewise (`Family.params`), and the
-config carries them in `kind_params` (kind name -> its dataclass) and `family_params`. They
-are read through the typed accessor `cfg.params(GatedDeltaParams).gdn_k_heads`, so a kind or
-family registered from outside the package adds parameters without an edit here. A kind that
-runs another kind's mixer inside its layer names it in `LayerKind.uses` (Falcon-H1's
-parallel_hybrid and Zamba2's zamba2_hybrid use mamba2), so the config keeps the used kind's
-parameters too (`kinds_in_use`); only the state-space dims that Mamba1 and Mamba2 share,
-mamba_d_state and mamba_d_conv, stay fields here. Serialized (`to_dict`), the parameters
-sit under "kind_params" and "family_params"; `from_dict` also reads the flat layout of older
-manifests, and refuses a key it cannot place rather than drop it.
+Parameters that one layer kind, one feed-forward kind or one family alone reads are not fields
+here: a kind declares them as a frozen dataclass (`LayerKind.params`, `ffn_kinds.FfnKind.params`),
+a family likewise (`Family.params`), and the config carries them in `kind_params` and
+`ffn_params` (kind name -> its dataclass) and `family_params`. They are read through the typed
+accessor `cfg.params(GatedDeltaParams).gdn_k_heads`, so a kind or family registered from
+outside the package adds parameters without an edit here. A kind that runs another kind's
+block inside its own names it in `uses` (Falcon-H1's parallel_hybrid and Zamba2's
+zamba2_hybrid use mamba2; the MoE feed-forward kinds use moe), so the config keeps the used
+kind's parameters too (`kinds_in_use`); only the state-space dims that Mamba1 and Mamba2 share,
+mamba_d_state and mamba_d_conv, stay fields here. The scalar multipliers some families apply to
+the embeddings, residual branches, attention scores and logits are one `Multipliers`, read
+the same way. Serialized (`to_dict`), the parameters sit under "kind_params", "ffn_params",
+"family_params" and "multipliers"; `from_dict` also reads the flat layout of older manifests,
+and refuses a key it cannot place rather than drop it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .kinds import FFN_KINDS, LAYER_KINDS
+from .ffn_kinds import FFN_KINDS, FfnKind
+from .kinds import LAYER_KINDS, LayerKind
 
 MIXER_KINDS = LAYER_KINDS  # the table in kinds.py; names here for older imports
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -33,11 +37,27 @@ ROPE_TYPES = ("default", "linear", "llama3")
 FAMILY_PARAMS: dict[str, type] = {}
 P = TypeVar("P")
 _TUPLES = ("layer_types", "ffn_types", "eos_token_id")
+_GROUPS = ("multipliers", "kind_params", "ffn_params", "family_params")
+KindTable = Mapping[str, LayerKind | FfnKind]  # LAYER_KINDS or FFN_KINDS
+# The config's fields that hold parameters kind by kind -> the table of those kinds.
+_BY_KIND: dict[str, KindTable] = {"kind_params": LAYER_KINDS, "ffn_params": FFN_KINDS}
 
 
-def kind_params_classes() -> dict[str, type]:
-    """kind name -> its parameters dataclass, for the kinds that declare one."""
-    return {name: kind.params for name, kind in LAYER_KINDS.items() if kind.params is not None}
+def kind_params_classes(table: KindTable = LAYER_KINDS) -> dict[str, type]:
+    """kind name -> its parameters dataclass, for the kinds of `table` that declare one."""
+    return {name: kind.params for name, kind in table.items() if kind.params is not None}
+
+
+@dataclass(frozen=True)
+class Multipliers:
+    """Scalar multipliers on the embeddings, the residual branches, the attention scores and the
+    logits (Granite's; Falcon-H1's embedding, key and LM-head multipliers). The defaults leave a
+    model unchanged."""
+
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None  # None: 1 / sqrt(head_dim)
+    logits_scaling: float = 1.0  # logits are divided by it
 
 
 @dataclass(frozen=True)
@@ -78,40 +98,21 @@ class HybridConfig:
     # parameters are kinds.MambaParams and kinds.Mamba2Params.
     mamba_d_state: int = 16
     mamba_d_conv: int = 4
-    # Scalar multipliers (Granite); the defaults leave a model unchanged.
-    embedding_multiplier: float = 1.0
-    residual_multiplier: float = 1.0
-    attention_multiplier: float | None = None  # None: 1 / sqrt(head_dim)
-    logits_scaling: float = 1.0  # logits are divided by it
-    # Shared expert beside the routed ones (Granite MoE); 0 = none.
-    shared_intermediate_size: int = 0
-    # Mixture of experts
-    num_experts: int = 1
-    num_experts_per_tok: int = 1
-    moe_renormalize: bool = False  # top-k weights rescaled to sum to 1 (Granite); Jamba keeps them
-    # LFM2-MoE (FFN "sigmoid_moe"): sigmoid router, selection-only expert bias, scaled weights.
-    moe_intermediate_size: int = 0  # each routed expert's size (also Qwen3-Next); 0 = intermediate_size
-    moe_expert_bias: bool = False  # a per-expert bias added to the scores for the top-k choice only
-    moe_routed_scaling: float = 1.0  # the routing weights are multiplied by it
     # Gated attention (Qwen3-Next, Qwen3.5): q_proj also yields a per-head gate, y * sigmoid(gate).
     attn_output_gate: bool = False
-    # Nemotron-H MoE (ffn kind nemotron_moe): a DeepSeek-V3 style router (sigmoid scores, a
-    # score-correction bias for the choice, group-limited top-k, weights scaled by
-    # moe_routed_scaling) over squared-ReLU experts of moe_intermediate_size, an optional
-    # latent projection around them (0 = none) and a shared expert of shared_intermediate_size.
-    moe_groups: int = 1
-    moe_topk_groups: int = 1
-    moe_latent_size: int = 0
     # Special tokens
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
     pad_token_id: int | None = None
     # Prompt-path scan: chunk length of the parallel scan (a constant of the graph).
     scan_chunk: int = 16
-    # Parameters owned by layer kinds (kind name -> its LayerKind.params dataclass; one entry per
-    # kind in use, kinds_in_use, that declares parameters) and by the family (its Family.params, or
-    # None). A mapping loaded for a family that is not installed stays a plain dict.
+    # Granite's and Falcon-H1's scalar multipliers, read as cfg.params(Multipliers).
+    multipliers: Multipliers = field(default_factory=Multipliers)
+    # Parameters owned by layer and feed-forward kinds (kind name -> its params dataclass; one
+    # entry per kind in use, kinds_in_use, that declares parameters) and by the family (its
+    # Family.params, or None). A mapping loaded for a family that is not installed stays a dict.
     kind_params: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    ffn_params: Mapping[str, Any] = field(default_factory=dict, hash=False)
     family_params: Any = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
@@ -125,13 +126,16 @@ class HybridConfig:
                 raise ValueError(f"unknown feed-forward kind {kind!r}; known: {', '.join(FFN_KINDS)}")
         if self.rope_type not in ROPE_TYPES:
             raise ValueError(f"unknown rope type {self.rope_type!r}; known: {', '.join(ROPE_TYPES)}")
-        object.__setattr__(self, "kind_params", _kind_params(self.layer_types, self.kind_params))
+        object.__setattr__(self, "kind_params", _kind_params(LAYER_KINDS, self.layer_types, self.kind_params))
+        object.__setattr__(self, "ffn_params", _kind_params(FFN_KINDS, self.ffn_types, self.ffn_params))
+        object.__setattr__(self, "multipliers", _as_params(Multipliers, self.multipliers))
         object.__setattr__(self, "family_params", _family_params(self.model_type, self.family_params))
 
     def params(self, cls: type[P]) -> P:
         """The parameters of the kind or family whose dataclass is `cls` (kinds.LayerKind.params,
-        Family.params): this config's, or the defaults when no kind in use declares it."""
-        for group in (*self.kind_params.values(), self.family_params):
+        ffn_kinds.FfnKind.params, Family.params) or the Multipliers: this config's, or the
+        defaults when no kind in use declares it."""
+        for group in (*self.kind_params.values(), *self.ffn_params.values(), self.family_params, self.multipliers):
             if isinstance(group, cls):
                 return group
         return cls()
@@ -164,10 +168,11 @@ class HybridConfig:
     def typed_fields(self) -> Iterator[tuple[str, str, Any]]:
         """(name, annotated type, value) of every field and every kind and family parameter
         held as a dataclass, for checks of a translated config's values."""
-        for obj in (self, *self.kind_params.values(), self.family_params):
+        groups = (*self.kind_params.values(), *self.ffn_params.values(), self.family_params, self.multipliers)
+        for obj in (self, *groups):
             if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
                 for f in dataclasses.fields(obj):
-                    if f.name not in ("kind_params", "family_params"):
+                    if f.name not in _GROUPS:
                         yield f.name, str(f.type), getattr(obj, f.name)
 
     @classmethod
@@ -177,11 +182,9 @@ class HybridConfig:
         own = {f.name for f in dataclasses.fields(cls)}
         core = {k: v for k, v in fields.items() if k in own}
         rest = {k: v for k, v in fields.items() if k not in own}
-        if rest:
-            kinds, family = _place(str(core.get("model_type")), rest)
-            core["kind_params"] = _merge(kinds, core.get("kind_params") or {})
-            if family:
-                core["family_params"] = family | dict(core.get("family_params") or {})
+        for group, flat in _place(str(core.get("model_type")), rest).items():
+            given = core.get(group)
+            core[group] = _merge(flat, given or {}) if group in _BY_KIND else _join(flat, given)
         return cls(**core)
 
     @classmethod
@@ -210,47 +213,43 @@ def _as_params(cls: type, values: Any) -> Any:
     )
 
 
-def kinds_in_use(layer_types: Iterable[str]) -> tuple[str, ...]:
-    """The kinds of layer_types and, after them, those they use (`LayerKind.uses`, followed
-    through): the kinds whose parameters a config with these layers reads."""
-    out = list(dict.fromkeys(layer_types))
+def kinds_in_use(types: Iterable[str], table: KindTable = LAYER_KINDS) -> tuple[str, ...]:
+    """The kinds of `types` (layer_types, or ffn_types with FFN_KINDS) and, after them, those they
+    use (`uses`, followed through): the kinds whose parameters a config with these layers reads."""
+    out = list(dict.fromkeys(types))
     for kind in out:  # out grows while it is walked, so the used kinds' own uses follow
-        out += [used for used in LAYER_KINDS[kind].uses if used not in out]
+        out += [used for used in table[kind].uses if used not in out]
     return tuple(out)
 
 
+def _join(flat: dict[str, Any], given: Any) -> Any:
+    """One group's parameters placed from flat names joined with those given nested: a manifest
+    may hold some of a kind's parameters nested and others flat (written before they all moved
+    to the kind). A nested value wins; flat names replace the fields of a dataclass given whole."""
+    if given is None:
+        return flat
+    if dataclasses.is_dataclass(given) and not isinstance(given, type):
+        return dataclasses.replace(given, **flat)  # type: ignore[type-var]
+    return flat | dict(given)
+
+
 def _merge(placed: dict[str, dict[str, Any]], given: Mapping[str, Any]) -> dict[str, Any]:
-    """Kind parameters placed from flat names joined with those given nested, kind by kind: a
-    manifest may hold some of a kind's parameters under kind_params and others flat (written
-    before they all moved to the kind). A nested value wins; flat names replace the fields of
-    a dataclass given whole."""
-    out: dict[str, Any] = dict(placed)
-    for kind, values in given.items():
-        flat = placed.get(kind, {})
-        if dataclasses.is_dataclass(values) and not isinstance(values, type):
-            out[kind] = dataclasses.replace(values, **flat)  # type: ignore[type-var]
-        else:
-            out[kind] = flat | dict(values)
-    return out
+    """Kind parameters placed from flat names joined with those given nested, kind by kind (_join)."""
+    return {kind: _join(placed.get(kind, {}), given.get(kind)) for kind in {**placed, **given}}
 
 
-def _kind_params(layer_types: tuple[str, ...], given: Mapping[str, Any]) -> dict[str, Any]:
-    """One parameters instance per kind in use (kinds_in_use) that declares parameters (defaults
-    where none were given). Parameters of a kind not in use are checked, then left out: they
-    change nothing."""
-    classes = kind_params_classes()
-    in_use = kinds_in_use(layer_types)
-    out: dict[str, Any] = {}
+def _kind_params(table: KindTable, types: tuple[str, ...], given: Mapping[str, Any]) -> dict[str, Any]:
+    """One parameters instance per kind of `table` in use (kinds_in_use) that declares parameters
+    (defaults where none were given), in the order of kinds_in_use. Parameters of a kind not in
+    use are checked, then left out: they change nothing."""
+    classes = kind_params_classes(table)
+    checked: dict[str, Any] = {}
     for kind, values in given.items():
         if kind not in classes:
             raise ValueError(f"parameters given for kind {kind!r}, which declares none")
-        params = _as_params(classes[kind], values)
-        if kind in in_use:
-            out[kind] = params
-    for kind in in_use:
-        if kind in classes and kind not in out:
-            out[kind] = classes[kind]()
-    return out
+        checked[kind] = _as_params(classes[kind], values)
+    in_use = [kind for kind in kinds_in_use(types, table) if kind in classes]
+    return {kind: checked[kind] if kind in checked else classes[kind]() for kind in in_use}
 
 
 def _family_params(model_type: str, given: Any) -> Any:
@@ -260,27 +259,34 @@ def _family_params(model_type: str, given: Any) -> Any:
     return cls() if given is None else _as_params(cls, given)
 
 
-def _place(model_type: str, fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Flat fields -> (kind name -> {field: value}, the family's {field: value})."""
-    owner: dict[str, str] = {}
-    for kind, cls in kind_params_classes().items():
-        for f in dataclasses.fields(cls):
-            owner.setdefault(f.name, kind)
-    family_cls = FAMILY_PARAMS.get(model_type)
-    family_fields = {f.name for f in dataclasses.fields(family_cls)} if family_cls else set()
-    kinds: dict[str, dict[str, Any]] = {}
-    family: dict[str, Any] = {}
+def _owners(model_type: str) -> dict[str, tuple[str, str | None]]:
+    """Parameter name -> (the config field that holds it, the kind that declares it or None)."""
+    owner: dict[str, tuple[str, str | None]] = {}
+    for group, table in _BY_KIND.items():
+        for kind, cls in kind_params_classes(table).items():
+            for f in dataclasses.fields(cls):
+                owner.setdefault(f.name, (group, kind))
+    singles: dict[str, type | None] = {"multipliers": Multipliers, "family_params": FAMILY_PARAMS.get(model_type)}
+    for group, single in singles.items():
+        for f in dataclasses.fields(single) if single else ():
+            owner[f.name] = (group, None)  # a family's or a multiplier's name wins over a kind's
+    return owner
+
+
+def _place(model_type: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """Flat fields -> {config field: {kind name: {name: value}} or {name: value}}."""
+    owners = _owners(model_type)
+    placed: dict[str, Any] = {}
     for name, value in fields.items():
-        if name in family_fields:
-            family[name] = value
-        elif name in owner:
-            kinds.setdefault(owner[name], {})[name] = value
-        else:
+        if name not in owners:
             raise ValueError(
-                f"unknown config field {name!r}: not a field of HybridConfig, nor a parameter of a layer kind "
-                f"or of the {model_type} family"
+                f"unknown config field {name!r}: not a field of HybridConfig, nor a parameter of a layer or "
+                f"feed-forward kind or of the {model_type} family"
             )
-    return kinds, family
+        group, kind = owners[name]
+        target = placed.setdefault(group, {})
+        (target if kind is None else target.setdefault(kind, {}))[name] = value
+    return placed
 
 
 def refuse_unknown(cls: type, given: Iterable[str], error: Callable[[str], Exception], what: str) -> None:

@@ -5,7 +5,7 @@ call to the next (name, per-sequence dims as a function of the config, dtype), w
 reads the attention mask and rotary positions, and which of its nodes quantization keeps
 float. The graph contract (graphs.contract), the reference model (models.decoder), the
 runtime's buffers (through the contract), quantization's keep-float rules and the tests
-all read this table; nothing else lists kinds.
+all read this table; nothing else lists kinds (the feed-forward kinds are ffn_kinds.py's).
 
 A mixer is `Module(cfg, layer, shared)` called as `mixer(x, ctx, *past) -> (y, *present)`
 with x [b, l, d] the normed hidden states, ctx a `models.context.MixerContext` and the
@@ -181,16 +181,11 @@ class ParallelHybridParams:
 
 
 LAYER_KINDS: dict[str, LayerKind] = {}
-FFN_KINDS: dict[str, str | None] = {}
 
 
 def register_kind(kind: LayerKind) -> LayerKind:
     LAYER_KINDS[kind.name] = kind
     return kind
-
-
-def register_ffn(name: str, module: str | None) -> None:
-    FFN_KINDS[name] = module
 
 
 def _gdn(cfg: Any) -> GatedDeltaParams:
@@ -280,15 +275,6 @@ register_kind(
     )
 )
 
-register_ffn("mlp", "hybridrt.models.layers:MLP")
-register_ffn("moe", "hybridrt.models.layers:MoE")
-register_ffn("shared_mlp", "hybridrt.models.ffn.shared:SharedMLP")
-register_ffn("shared_moe", "hybridrt.models.ffn.shared:SharedMoE")
-register_ffn("none", None)
-register_ffn("scaled_mlp", "hybridrt.models.mixers.parallel_hybrid:ScaledMLP")
-register_ffn("sigmoid_moe", "hybridrt.models.ffn.sigmoid_moe:SigmoidMoE")
-register_ffn("gated_shared_moe", "hybridrt.models.ffn.gated_moe:GatedSharedMoE")
-
 # Zamba2: a shared transformer block (attention over concat(x, embeddings), 2d wide, then an
 # MLP) whose output, projected, is added to x before the layer's Mamba2 norm and mixer.
 register_kind(
@@ -315,11 +301,6 @@ register_kind(
         prenorm=False,
     )
 )
-register_ffn("post_norm_mlp", "hybridrt.models.mixers.post_norm:PostNormMLP")
-# Nemotron-H's MLP layer: down(relu(up(x))^2), no gate.
-register_ffn("relu2_mlp", "hybridrt.models.ffn.relu2_mlp:Relu2MLP")
-# Nemotron-H's MoE layer: sigmoid group-limited router, squared-ReLU experts, shared expert.
-register_ffn("nemotron_moe", "hybridrt.models.ffn.relu2_mlp:NemotronMoE")
 
 
 def layer_kind(name: str) -> LayerKind:

@@ -11,15 +11,16 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "hybridrt"
 
 # What each part of the package may import (besides itself). The base (errors, _version,
-# config, kinds) sits under everything; the runtime, graphs, serve and deploy never reach the
+# config, kinds, ffn_kinds) sits under everything; the runtime, graphs, serve and deploy never reach the
 # torch side (models, export, quantization, interop), so edge devices and serverless images
 # run without it.
-BASE = {"errors", "_version", "config", "kinds"}
+BASE = {"errors", "_version", "config", "kinds", "ffn_kinds"}
 ALLOWED: dict[str, set[str] | None] = {
     "errors": set(),
     "_version": set(),
     "kinds": {"errors"},
-    "config": {"errors", "kinds"},
+    "ffn_kinds": {"errors"},
+    "config": {"errors", "kinds", "ffn_kinds"},
     "graphs": BASE,
     "default_model": BASE | {"graphs", "runtime", "export"},  # exports the shipped model on first use
     "runtime": BASE | {"graphs", "default_model"},

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from hybridrt.config import FAMILY_PARAMS, HybridConfig, kind_params_classes
+from hybridrt.config import FAMILY_PARAMS, HybridConfig, Multipliers, kind_params_classes, kinds_in_use
+from hybridrt.ffn_kinds import FFN_KINDS, MoEParams, NemotronMoEParams, SharedExpertParams
 from hybridrt.kinds import LAYER_KINDS, GatedDeltaParams, LayerKind, ShortConvParams, StateDecl, register_kind
 from hybridrt.models.loading.registry import FAMILIES, Family, register
 
@@ -71,7 +72,7 @@ def test_parameter_names_are_unambiguous() -> None:
     or another kind's parameter."""
     own = {f.name for f in dataclasses.fields(HybridConfig)}
     seen: set[str] = set()
-    for cls in kind_params_classes().values():
+    for cls in [*kind_params_classes().values(), *kind_params_classes(FFN_KINDS).values(), Multipliers]:
         names = {f.name for f in dataclasses.fields(cls)}
         assert not names & own and not names & seen
         seen |= names
@@ -200,7 +201,6 @@ def test_a_kind_keeps_the_parameters_of_the_kinds_it_uses(kind: str) -> None:
     mixer, but the config kept parameters only for the kinds of layer_types, so a model of such
     layers alone would have run its mixer with Mamba2's defaults. Their kinds name mamba2 in
     `uses`, and the config keeps its parameters, through a round trip too."""
-    from hybridrt.config import kinds_in_use
     from hybridrt.kinds import Mamba2Params
 
     assert kinds_in_use((kind, kind, "attention")) == (kind, "attention", "mamba2")
@@ -224,3 +224,64 @@ def test_a_kind_split_between_nested_and_flat_fields_loads_whole() -> None:
     whole = {"mamba": MambaParams(mamba_dt_rank=2, mamba_inner_norms=True)}  # flat names replace its fields
     given = HybridConfig.make(**BASE, layer_types=("mamba",), ffn_types=("none",), mamba_expand=3, kind_params=whole)
     assert given.params(MambaParams) == want
+
+
+def _flat(cfg: HybridConfig) -> dict[str, object]:
+    """cfg as a manifest wrote it before the feed-forward kinds owned their parameters and the
+    multipliers were one object: every one of them a top-level field, those of kinds the model
+    does not use included (at their defaults)."""
+    data = {k: v for k, v in cfg.to_dict().items() if k not in ("ffn_params", "multipliers")}
+    for cls in (MoEParams, SharedExpertParams, NemotronMoEParams, Multipliers):
+        data |= dataclasses.asdict(cfg.params(cls))
+    return json.loads(json.dumps(data))
+
+
+def test_moe_parameters_are_the_feed_forward_kinds_and_older_flat_files_load() -> None:
+    """The MoE kinds use `moe` (and those with a shared expert `shared_mlp`), so the config keeps
+    those kinds' parameters, nested under ffn_params; a model without MoE layers carries none,
+    and a manifest that held them as top-level fields loads to an equal config."""
+    assert kinds_in_use(("relu2_mlp", "nemotron_moe"), FFN_KINDS) == ("relu2_mlp", "nemotron_moe", "moe", "shared_mlp")
+    moe = {"num_experts": 8, "num_experts_per_tok": 2, "moe_routed_scaling": 2.5, "shared_intermediate_size": 40}
+    nemotron = {"moe_groups": 4, "moe_latent_size": 8}
+    cfg = HybridConfig.make(
+        **BASE, layer_types=("attention", "none"), ffn_types=("relu2_mlp", "nemotron_moe"), **moe, **nemotron
+    )
+    assert cfg.params(MoEParams) == MoEParams(num_experts=8, num_experts_per_tok=2, moe_routed_scaling=2.5)
+    assert cfg.params(SharedExpertParams).shared_intermediate_size == 40
+    assert cfg.params(NemotronMoEParams) == NemotronMoEParams(moe_groups=4, moe_latent_size=8)
+    assert list(cfg.to_dict()["ffn_params"]) == ["nemotron_moe", "moe", "shared_mlp"]
+    assert not {"num_experts", "moe_groups", "shared_intermediate_size"} & set(cfg.to_dict())
+    assert not hasattr(cfg, "num_experts")
+    assert HybridConfig.from_dict(_flat(cfg)) == cfg
+    assert HybridConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    dense = _gdn()  # a flat file of a model without MoE layers: the defaults it held are left out
+    assert dense.ffn_params == {} and HybridConfig.from_dict(_flat(dense)) == dense
+
+
+def test_granite_shared_expert_alone_keeps_its_size_not_the_routers() -> None:
+    """Granite's dense variant (shared_mlp) reads only the shared expert's size; the router fields
+    its translator also sets belong to `moe`, which is not in use, and are left out."""
+    cfg = HybridConfig.make(
+        **BASE,
+        layer_types=("attention",),
+        ffn_types=("shared_mlp",),
+        shared_intermediate_size=40,
+        num_experts_per_tok=2,
+    )
+    assert cfg.ffn_params == {"shared_mlp": SharedExpertParams(40)}
+    assert cfg.params(MoEParams) == MoEParams()
+    assert HybridConfig.from_dict(_flat(cfg)) == cfg
+
+
+def test_multipliers_are_one_object_and_older_flat_files_load() -> None:
+    """Granite's and Falcon-H1's scalar multipliers are one config.Multipliers, nested under
+    "multipliers"; a manifest that held them as top-level fields loads to an equal config."""
+    flat = {"embedding_multiplier": 1.7, "attention_multiplier": 0.3, "logits_scaling": 2.5}
+    cfg = HybridConfig.make(**BASE, layer_types=("attention",), ffn_types=("mlp",), **flat)
+    assert cfg.params(Multipliers) == Multipliers(1.7, 1.0, 0.3, 2.5) == cfg.multipliers
+    assert cfg.to_dict()["multipliers"]["logits_scaling"] == 2.5 and "logits_scaling" not in cfg.to_dict()
+    assert HybridConfig.from_dict(_flat(cfg)) == cfg
+    assert HybridConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert _gdn().params(Multipliers) == Multipliers()
+    with pytest.raises(ValueError, match="'logit_scaling'"):
+        HybridConfig.from_dict(cfg.to_dict() | {"multipliers": {"logit_scaling": 2.0}})

@@ -182,9 +182,10 @@ def test_quantized_graph_stays_close_to_float(
 
 
 def test_every_layer_and_feed_forward_kind_is_tested_by_a_family() -> None:
-    """Each kind of the table (hybridrt.kinds) appears in some family of this suite, so a new
-    kind cannot land without the exactness tests above running on it."""
-    from hybridrt.kinds import FFN_KINDS, LAYER_KINDS
+    """Each kind of the tables (hybridrt.kinds, hybridrt.ffn_kinds) appears in some family of this
+    suite, so a new kind cannot land without the exactness tests above running on it."""
+    from hybridrt.ffn_kinds import FFN_KINDS
+    from hybridrt.kinds import LAYER_KINDS
 
     layers: set[str] = set()
     ffns: set[str] = set()

@@ -11,9 +11,10 @@ import toy_kind
 
 import hybridrt
 from hybridrt.config import HybridConfig
+from hybridrt.ffn_kinds import FFN_KINDS
 from hybridrt.graphs.contract import input_specs, output_specs, past_specs
 from hybridrt.graphs.manifest import read_manifest
-from hybridrt.kinds import CAPACITY, FFN_KINDS, KEY, LAYER_KINDS, layer_kind
+from hybridrt.kinds import CAPACITY, KEY, LAYER_KINDS, layer_kind
 
 
 def test_every_kind_declares_a_module_or_none_and_its_states() -> None:
@@ -22,7 +23,8 @@ def test_every_kind_declares_a_module_or_none_and_its_states() -> None:
         assert kind.module is None or ":" in kind.module
         assert len({s.name for s in kind.states}) == len(kind.states)
     assert layer_kind("attention").states[0] is KEY and CAPACITY in KEY.dims(_cfg(("attention",)))
-    assert FFN_KINDS["none"] is None
+    assert FFN_KINDS["none"].module is None
+    assert all(k.name == name and (k.module is None or ":" in k.module) for name, k in FFN_KINDS.items())
     with pytest.raises(ValueError, match="unknown mixer kind 'nope'"):
         layer_kind("nope")
 

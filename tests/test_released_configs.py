@@ -26,6 +26,7 @@ import pytest
 
 from hybridrt.config import HybridConfig
 from hybridrt.errors import UnsupportedArchitectureError
+from hybridrt.ffn_kinds import MoEParams
 from hybridrt.kinds import Mamba2Params
 from hybridrt.models.loading.checkpoint import load_config
 
@@ -91,7 +92,7 @@ def _ours(cfg: HybridConfig) -> dict[str, Any]:
     if kinds["attention"]:
         view |= {"heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.attn_head_dim}
     if MOE_FFNS & set(cfg.ffn_types):
-        view["experts"] = cfg.num_experts
+        view["experts"] = cfg.params(MoEParams).num_experts
     return view
 
 

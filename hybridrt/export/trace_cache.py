@@ -28,8 +28,9 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from ..config import HybridConfig
+from ..ffn_kinds import FFN_KINDS
 from ..graphs.contract import GraphContract
-from ..kinds import FFN_KINDS, LAYER_KINDS
+from ..kinds import LAYER_KINDS
 from .fragments import Template
 
 ENV = "HYBRIDRT_TRACE_CACHE"
@@ -64,7 +65,7 @@ def _versions() -> tuple[str, ...]:
 
 def template_key(cfg: HybridConfig, index: int, fused: bool, contract: GraphContract) -> str:
     """The key of layer `index`'s template (-1: the outer graph)."""
-    kinds = {LAYER_KINDS[k].module for k in cfg.layer_types} | {FFN_KINDS.get(k) for k in cfg.ffn_types}
+    kinds = {LAYER_KINDS[k].module for k in cfg.layer_types} | {FFN_KINDS[k].module for k in cfg.ffn_types}
     kind_sources = sorted(_module_source(m.split(":")[0]) for m in kinds if m)
     parts = {
         "config": cfg.to_dict(),

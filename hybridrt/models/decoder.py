@@ -16,8 +16,9 @@ from typing import cast
 import torch
 from torch import nn
 
-from ..config import HybridConfig
-from ..kinds import FFN_KINDS, layer_kind
+from ..config import HybridConfig, Multipliers
+from ..ffn_kinds import FFN_KINDS
+from ..kinds import layer_kind
 from .context import MixerContext
 from .layers import RMSNorm, rope_cos_sin, rope_inv_freq
 from .ops import attention_lengths
@@ -51,14 +52,14 @@ class Block(nn.Module):
             self.mixer = _resolve(spec.module)(cfg, layer, shared)
         self.ffn: nn.Module | None = None
         self.ffn_norm: nn.Module | None = None
-        ffn = FFN_KINDS[cfg.ffn_types[layer]]
+        ffn = FFN_KINDS[cfg.ffn_types[layer]].module
         if ffn is not None:
             cls = _resolve(ffn)
             # A feed-forward class with `prenorm = False` norms its own output instead (OLMo).
             if getattr(cls, "prenorm", True):
                 self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
             self.ffn = cls(cfg, layer)
-        self.residual_multiplier = cfg.residual_multiplier
+        self.residual_multiplier = cfg.params(Multipliers).residual_multiplier
 
     def forward(
         self, x: torch.Tensor, r: torch.Tensor | None, ctx: MixerContext, states: list[torch.Tensor]
@@ -162,8 +163,9 @@ class HybridForCausalLM(nn.Module):
         l = input_ids.shape[1]
         cfg = self.config
         x = self.model.embed_tokens(input_ids)
-        if cfg.embedding_multiplier != 1.0:
-            x = x * cfg.embedding_multiplier
+        scale = cfg.params(Multipliers).embedding_multiplier
+        if scale != 1.0:
+            x = x * scale
         cos = sin = None
         if self.inv_freq is not None and cfg.has_attention:
             positions = past_lengths.unsqueeze(1) + torch.arange(l, device=input_ids.device)  # [b, l]
@@ -179,6 +181,7 @@ class HybridForCausalLM(nn.Module):
         if logit_positions is not None:
             x = x.index_select(1, logit_positions)  # only these positions reach the LM head
         logits = self.lm_head(x)
-        if self.config.logits_scaling != 1.0:
-            logits = logits / self.config.logits_scaling
+        scaling = self.config.params(Multipliers).logits_scaling
+        if scaling != 1.0:
+            logits = logits / scaling
         return logits

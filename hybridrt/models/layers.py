@@ -12,7 +12,8 @@ from typing import cast
 import torch
 from torch import nn
 
-from ..config import HybridConfig
+from ..config import HybridConfig, Multipliers
+from ..ffn_kinds import MoEParams
 from .context import MixerContext
 from .ops import UsesFusedOps, attend, moe
 
@@ -65,8 +66,9 @@ class MoE(UsesFusedOps, nn.Module):
 
     def __init__(self, cfg: HybridConfig, layer: int = 0) -> None:
         super().__init__()
-        d, f, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts
-        self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.moe_renormalize
+        moe = cfg.params(MoEParams)
+        d, f, e = cfg.hidden_size, cfg.intermediate_size, moe.num_experts
+        self.top_k, self.renormalize = moe.num_experts_per_tok, moe.moe_renormalize
         self.router = nn.Linear(d, e, bias=False)
         self.experts = nn.Module()
         self.experts.gate_up_proj = nn.Parameter(nn.init.zeros_(torch.empty(e, 2 * f, d)))
@@ -135,7 +137,8 @@ class Attention(UsesFusedOps, nn.Module):
         if self.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
-        self.scale = cfg.attention_multiplier if cfg.attention_multiplier is not None else hd**-0.5
+        scale = cfg.params(Multipliers).attention_multiplier
+        self.scale = scale if scale is not None else hd**-0.5
 
     def forward(
         self, x: torch.Tensor, ctx: MixerContext, past_k: torch.Tensor, past_v: torch.Tensor

@@ -56,7 +56,8 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
         raise unsupported(MODEL, "mamba_n_groups", groups, "a divisor of mamba_n_heads")
     key_multiplier = _scalar(hf, "key_multiplier")
     rms_norm = hf.get("mamba_rms_norm", False)
-    return HybridConfig.make(  # kinds.ParallelHybridParams (multipliers, Mamba2 variant), Mamba2Params
+    # kinds.ParallelHybridParams (muP multipliers, Mamba2 variant), Mamba2Params; config.Multipliers
+    return HybridConfig.make(
         model_type=MODEL,
         layer_types=("parallel_hybrid",) * n,
         ffn_types=("scaled_mlp",) * n,

@@ -36,7 +36,8 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     if positions not in POSITION_TYPES:
         raise unsupported("granitemoehybrid", "position_embedding_type", positions, "rope, nope, null")
     rope = rope_settings("granitemoehybrid", hf) if positions == "rope" else {"rope_theta": None}
-    return HybridConfig.make(  # the Mamba2 fields: kinds.Mamba2Params
+    # Mamba2 fields: kinds.Mamba2Params; experts: ffn_kinds.MoEParams, SharedExpertParams; config.Multipliers
+    return HybridConfig.make(
         model_type="granitemoehybrid",
         layer_types=layer_types,
         ffn_types=("shared_moe" if experts > 0 else "shared_mlp",) * len(layer_types),

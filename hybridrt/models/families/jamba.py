@@ -23,7 +23,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     heads = hf.get("num_attention_heads", 32)
     fields = decoder_fields(hf, d, heads, vocab=65536, eps=1e-6, context=262144, head_dim=d // heads)
     fields["num_key_value_heads"] = hf.get("num_key_value_heads") or 8  # transformers' default: 8, not heads
-    return HybridConfig.make(  # mamba_inner_norms: kinds.MambaParams
+    return HybridConfig.make(  # mamba_inner_norms: kinds.MambaParams; the experts: ffn_kinds.MoEParams
         model_type="jamba",
         layer_types=layer_types,
         ffn_types=ffn_types,

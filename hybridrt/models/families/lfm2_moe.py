@@ -23,7 +23,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
             raise unsupported(MODEL, "layer_types", kind, ", ".join(LFM2_LAYER_KINDS))
     dense = hf.get("num_dense_layers", 2)
     d, heads = hf.get("hidden_size", 2048), hf.get("num_attention_heads", 32)
-    return HybridConfig.make(
+    return HybridConfig.make(  # the experts: ffn_kinds.MoEParams
         model_type=MODEL,
         vocab_size=hf.get("vocab_size", 65536),
         hidden_size=d,

@@ -74,7 +74,8 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     topk_groups = hf.get("topk_group", 1)
     if "moe" in blocks and (experts % groups or (topk_groups < groups and experts // groups < 2)):
         raise unsupported("nemotron_h", "n_group", groups, "a divisor of n_routed_experts, groups of 2 or more")
-    return HybridConfig.make(  # the Mamba2 fields: kinds.Mamba2Params
+    # Mamba2 fields: kinds.Mamba2Params; experts: ffn_kinds.MoEParams, SharedExpertParams, NemotronMoEParams
+    return HybridConfig.make(
         model_type="nemotron_h",
         vocab_size=hf.get("vocab_size", 131072),
         hidden_size=d,

@@ -22,7 +22,7 @@ def translate(hf: dict[str, Any]) -> HybridConfig:
     ffn = tuple(
         "gated_shared_moe" if experts > 0 and i not in dense and (i + 1) % step == 0 else "mlp" for i in range(n)
     )
-    return HybridConfig.make(
+    return HybridConfig.make(  # the experts: ffn_kinds.MoEParams, SharedExpertParams
         ffn_types=ffn,
         intermediate_size=hf.get("intermediate_size", 5632),
         moe_intermediate_size=hf.get("moe_intermediate_size", 512),

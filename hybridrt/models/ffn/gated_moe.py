@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ...config import HybridConfig
+from ...ffn_kinds import MoEParams, SharedExpertParams
 from ..layers import MLP, MoE
 
 
@@ -21,8 +22,10 @@ class GatedSharedMoE(MoE):
     experts.down_proj [E, d, f], shared_expert.{gate,up,down}_proj, shared_expert_gate [1, d]."""
 
     def __init__(self, cfg: HybridConfig, layer: int = 0) -> None:
-        super().__init__(dataclasses.replace(cfg, intermediate_size=cfg.moe_intermediate_size or cfg.intermediate_size))
-        self.shared_expert = MLP(dataclasses.replace(cfg, intermediate_size=cfg.shared_intermediate_size))
+        experts = cfg.params(MoEParams).moe_intermediate_size or cfg.intermediate_size
+        super().__init__(dataclasses.replace(cfg, intermediate_size=experts))
+        shared = cfg.params(SharedExpertParams).shared_intermediate_size
+        self.shared_expert = MLP(dataclasses.replace(cfg, intermediate_size=shared))
         self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ...config import HybridConfig
+from ...ffn_kinds import MoEParams, NemotronMoEParams, SharedExpertParams
 
 
 class Relu2MLP(nn.Module):
@@ -51,15 +52,17 @@ class NemotronMoE(nn.Module):
 
     def __init__(self, cfg: HybridConfig, layer: int = 0) -> None:
         super().__init__()
-        d, e = cfg.hidden_size, cfg.num_experts
-        k = cfg.moe_latent_size or d
-        self.top_k, self.renormalize, self.scale = cfg.num_experts_per_tok, cfg.moe_renormalize, cfg.moe_routed_scaling
-        self.groups, self.topk_groups = cfg.moe_groups, cfg.moe_topk_groups
+        moe, nemotron = cfg.params(MoEParams), cfg.params(NemotronMoEParams)
+        d, e = cfg.hidden_size, moe.num_experts
+        k = nemotron.moe_latent_size or d
+        self.top_k, self.renormalize, self.scale = moe.num_experts_per_tok, moe.moe_renormalize, moe.moe_routed_scaling
+        self.groups, self.topk_groups = nemotron.moe_groups, nemotron.moe_topk_groups
         self.router = _Router(e, d)
         # One module per expert, as checkpoints store them (`experts.{e}.up_proj.weight`).
-        self.routed_experts = nn.ModuleList(_Expert(k, cfg.moe_intermediate_size, False) for _ in range(e))
-        self.shared_experts = _Expert(d, cfg.shared_intermediate_size, cfg.mlp_bias)
-        self.latent = cfg.moe_latent_size > 0
+        self.routed_experts = nn.ModuleList(_Expert(k, moe.moe_intermediate_size, False) for _ in range(e))
+        shared = cfg.params(SharedExpertParams).shared_intermediate_size
+        self.shared_experts = _Expert(d, shared, cfg.mlp_bias)
+        self.latent = nemotron.moe_latent_size > 0
         if self.latent:
             self.fc1_latent_proj = nn.Linear(d, k, bias=cfg.mlp_bias)
             self.fc2_latent_proj = nn.Linear(k, d, bias=cfg.mlp_bias)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ...config import HybridConfig
+from ...ffn_kinds import SharedExpertParams
 from ..layers import MoE, activation
 
 
@@ -19,7 +20,7 @@ class FusedMLP(nn.Module):
 
     def __init__(self, cfg: HybridConfig, layer: int = 0) -> None:
         super().__init__()
-        d, f = cfg.hidden_size, cfg.shared_intermediate_size
+        d, f = cfg.hidden_size, cfg.params(SharedExpertParams).shared_intermediate_size
         self.input_linear = nn.Linear(d, 2 * f, bias=False)
         self.output_linear = nn.Linear(f, d, bias=False)
         self.act = activation(cfg.hidden_act)

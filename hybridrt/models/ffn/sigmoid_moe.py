@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ...config import HybridConfig
+from ...ffn_kinds import MoEParams
 from ..layers import activation
 
 
@@ -25,16 +26,17 @@ class SigmoidMoE(nn.Module):
 
     def __init__(self, cfg: HybridConfig, layer: int = 0) -> None:
         super().__init__()
-        d, e = cfg.hidden_size, cfg.num_experts
-        f = cfg.moe_intermediate_size or cfg.intermediate_size
+        moe = cfg.params(MoEParams)
+        d, e = cfg.hidden_size, moe.num_experts
+        f = moe.moe_intermediate_size or cfg.intermediate_size
         self.top_k, self.renormalize, self.scaling = (
-            cfg.num_experts_per_tok,
-            cfg.moe_renormalize,
-            cfg.moe_routed_scaling,
+            moe.num_experts_per_tok,
+            moe.moe_renormalize,
+            moe.moe_routed_scaling,
         )
         self.router = nn.Linear(d, e, bias=False)
         self.expert_bias: torch.Tensor | None
-        if cfg.moe_expert_bias:
+        if moe.moe_expert_bias:
             self.register_buffer("expert_bias", torch.zeros(e))
         else:
             self.expert_bias = None
