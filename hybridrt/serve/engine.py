@@ -143,10 +143,8 @@ class Engine:
     def _turn(self) -> bool:
         with self.cond:
             while not (self.waiting or self.prefilling or self.running or self.closing):
-                if self.prompts is not None and self.prompts.tidy():
-                    continue  # a piece of idle work (a request that arrives meanwhile waits for it)
-                if not self.cond.wait(self.config.idle_release_s) and self.prompts is not None:
-                    self.prompts.release_idle()  # idle a while: the kept batch's memory back
+                assert self.prompts is not None  # (made before the first turn)
+                self.prompts.wait_idle(self.cond, self.config.idle_release_s)
             if self.closing:
                 return False
             admitted = self._admit()
@@ -216,7 +214,8 @@ class Engine:
 
     def _prefill(self, req: Request) -> None:
         assert self.prompts is not None
-        done = self.prompts.prefill(req, lambda: [r.prompt for r in [*self.waiting, *self.prefilling] if r is not req])
+        others = [r.prompt for r in [*self.waiting, *self.prefilling] if r is not req]
+        done = self.prompts.prefill(req, lambda: others, alone=not self.running)
         if done is not None:
             # The first token goes out before the prompt's states are copied into the cache: its
             # rows (now the decode batch, or copied into it) hold them until the next decode step.

@@ -1,7 +1,8 @@
 """The engine's prompt side: requests admitted and not yet decoding, prefilled a chunk a turn.
 
-Each turn of the engine prefills one chunk (at most `chunk` tokens) of the oldest request still
-prefilling, so a long prompt costs the others one chunk per turn, not its whole length. A
+Each turn of the engine prefills one chunk (at most `chunk` tokens; ALONE_CHUNKS chunks while no
+request decodes, as nobody waits for a call then and its fixed cost is paid less often) of the
+oldest request still prefilling, so a long prompt costs the others one chunk per turn. A
 request's first turn looks up the prefix state cache (hybridrt.runtime.prefix_cache; not for a
 request that scores its prompt: it needs the logits of every position) and plans where its
 prefill stores states: its chunks end there, so storing one is a copy, not a call. Requests are
@@ -18,6 +19,7 @@ request, `warm_up` runs the sessions' first prefill and step.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -34,6 +36,8 @@ from .request import Request
 from .settings import EngineConfig
 
 log = logging.getLogger("hybridrt.serve")
+TIDY_AFTER_S = 0.05  # idle this long before idle work (Prompts.wait_idle)
+ALONE_CHUNKS = 2  # a prefill call takes this many chunks while no request decodes
 
 
 def warm_up(model: Model, assistant: Model | None) -> float:
@@ -110,6 +114,16 @@ class Prompts:
         self._store_idle()
         self.idle = None
 
+    def wait_idle(self, cond: threading.Condition, release_s: float) -> None:
+        """One wait of the engine without work (`cond` held; notified when a request comes):
+        TIDY_AFTER_S without one, a piece of idle work (tidy: not between requests that follow
+        each other closely, which it would delay); when none is left, the kept batch's memory
+        is given back after release_s more."""
+        if cond.wait(TIDY_AFTER_S) or self.tidy():
+            return
+        if not cond.wait(release_s):
+            self.release_idle()
+
     def tidy(self) -> bool:
         """The server's idle time, a piece a call (False: nothing left to do): the kept row's
         states into the cache (the row stays kept: a chat's next turn still continues in it,
@@ -150,19 +164,21 @@ class Prompts:
         return None
 
     def prefill(
-        self, req: Request, others: Callable[[], Sequence[Sequence[int]]]
+        self, req: Request, others: Callable[[], Sequence[Sequence[int]]], alone: bool = False
     ) -> tuple[np.ndarray, Callable[[], None]] | None:
         """One turn of req's prefill (`others`: the prompts waiting or prefilling beside it, which
-        its first turn's plan of checkpoints considers). None while the prompt is not all in; then its last
-        logits [1, V] and a call that stores the prompt's states in the cache where planned, made
-        after the first token is sent (the states stay in req's rows until the next step)."""
+        its first turn's plan of checkpoints considers; `alone`: no request decodes). None while
+        the prompt is not all in; then its last logits [1, V] and a call that stores the
+        prompt's states in the cache where planned, made after the first token is sent (the
+        states stay in req's rows until the next step)."""
         if req.marks is None:
             logits = self._resume(req, others)
             if logits is not None:
                 return logits, lambda: None
         assert req.marks is not None
         rows = self.states(req)
-        end = chunk_end(req.fed, self.chunk, len(req.prompt), req.marks)
+        chunk = self.chunk * ALONE_CHUNKS if alone else self.chunk
+        end = chunk_end(req.fed, chunk, len(req.prompt), req.marks)
         ids = np.asarray([req.prompt[req.fed : end]], dtype=np.int64)
         t0 = time.perf_counter()
         if req.prompt_logprobs is None:
@@ -174,7 +190,7 @@ class Prompts:
         self.cache.observe(end - req.fed, time.perf_counter() - t0)
         req.fed = end
         if end < len(req.prompt):
-            if end in req.marks and chunk_end(end, self.chunk, len(req.prompt), req.marks) == len(req.prompt):
+            if end in req.marks and chunk_end(end, chunk, len(req.prompt), req.marks) == len(req.prompt):
                 # Before the prompt's last call only the fixed states need keeping (into buffers
                 # reused from request to request): the checkpoint is stored after the first token.
                 self.held, req.held = rows.fixed_of(0, self.held), end
