@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -316,6 +317,7 @@ def run(
     if "hybridrt" in servers and (workloads is None or "many_conversations" in workloads):
         words.at = 0
         disk = work / "states"
+        shutil.rmtree(disk, ignore_errors=True)  # empty: an earlier run's states are of the same prompts
         server = start("hybridrt", work, llama_bin, 8790, ["--cache-mb", "512", "--cache-dir", str(disk)])
         try:
             results["many_conversations"] = many_conversations(server.url, words)
