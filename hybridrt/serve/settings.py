@@ -14,7 +14,7 @@ class EngineConfig:
     """Sizes of the engine; the CLI's defaults come from here."""
 
     slots: int = 8
-    chunk: int = PREFILL_CHUNK  # the prompt tokens one prefill call takes, as the runtime's
+    chunk: int = PREFILL_CHUNK  # the prompt tokens one prefill call takes (twice while none decodes)
     max_queue: int = 64
     # The prefix state cache (hybridrt.runtime.prefix_cache): its memory budget (None: a share of
     # the memory available at start; 0: off), its disk tier (None: none) and that tier's cap (None:
