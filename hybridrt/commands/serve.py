@@ -76,8 +76,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slots", type=int, default=ENGINE.slots, help="sequences decoded together (state slots)")
-    chunk_help = "prompt tokens prefilled per engine step (twice that while none decodes)"
-    p.add_argument("--chunk", type=int, default=ENGINE.chunk, help=chunk_help)
+    p.add_argument(
+        "--chunk", type=int, default=ENGINE.chunk, help="prompt tokens per prefill call (x2 if none decodes)"
+    )
     p.add_argument("--max-queue", type=int, default=ENGINE.max_queue, help="waiting requests before 429")
     p.add_argument(
         "--cache-mb",
