@@ -76,9 +76,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slots", type=int, default=ENGINE.slots, help="sequences decoded together (state slots)")
-    p.add_argument(
-        "--chunk", type=int, default=ENGINE.chunk, help="prompt tokens per prefill call (x2 if none decodes)"
-    )
+    p.add_argument("--chunk", type=int, default=ENGINE.chunk, help="prompt tokens prefilled per engine step")
     p.add_argument("--max-queue", type=int, default=ENGINE.max_queue, help="waiting requests before 429")
     p.add_argument(
         "--cache-mb",
