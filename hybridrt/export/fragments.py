@@ -43,6 +43,7 @@ from .trace import EXAMPLE_BATCH, EXAMPLE_PASTS, EXAMPLE_SEQ, EXAMPLE_SPARE
 CTX_FIELDS = ("past_lengths", "cos", "sin", "rope_cos", "rope_sin", "seqlens_k", "total", "query_seqlens")
 WEIGHT = "w:"
 STREAM_DIMS = ("batch", "seq")  # x and r: [batch, seq, hidden]
+TRACE_CACHE_ENV = "HYBRIDRT_TRACE_CACHE"  # a directory of templates shared between exports (trace_cache.py)
 _CTX_DIMS: dict[str, tuple[str, ...]] = {
     "past_lengths": ("batch",),
     "cos": ("batch", "seq"),

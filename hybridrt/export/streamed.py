@@ -100,7 +100,8 @@ def write_graph(
     _save(model, contract, path)
     written_s = time.perf_counter() - t0 - trace_s
     offset = data.offset if data is not None else 0
-    return Written(list(t.groups.values()), trace_s, written_s, t.fusion, passes, offset, t.cache.record())
+    cache = t.cache.record() if t.cache is not None else None
+    return Written(list(t.groups.values()), trace_s, written_s, t.fusion, passes, offset, cache)
 
 
 def _outer_io(outer: Template, num_layers: int) -> dict[str, str]:
