@@ -2,6 +2,10 @@
 graph's, traced (fragments.py) or read from the trace cache (trace_cache.py, only where
 $HYBRIDRT_TRACE_CACHE names one), with their norms fused (export.fuse), their value types
 annotated, and each prepared for instantiation (compose.py).
+
+Layer 0's template is made from a later layer's instead of traced where a later layer has its
+signature (first_from, first_layer): layer 0 differs from the rest only in having no previous
+block's output to add, so a graph edit gives its template.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import onnx
 from ..config import HybridConfig
 from ..graphs.contract import GraphContract
 from .compose import Prepared, prepare
-from .first_block import first_from, first_layer
 from .fragments import TRACE_CACHE_ENV, Template, layer_blocks, outer_model, signature, trace_layer, trace_outer
 
 if TYPE_CHECKING:
@@ -50,7 +53,7 @@ def templates(
     groups: dict[tuple[object, ...], list[int]] = {}
     for i in layers:
         groups.setdefault(signature(cfg, outer, i, blocks[i], shared, contract), []).append(i)
-    source = first_from(groups)  # layer 0's template is made from this layer's (fragments.first_layer)
+    source = first_from(groups)  # layer 0's template is made from this layer's (first_layer)
     traced = len(groups) - (source is not None)
     say(f"tracing {traced} distinct layers of {cfg.num_layers} and the outer graph")
     cache = _trace_cache()
@@ -74,6 +77,50 @@ def templates(
     preps = {j: prepare(t, weight_pattern(t.index), fused) for j, t in templates.items()}
     owner = {i: members[0] for members in groups.values() for i in members}
     return Templates(groups, outer_t, prepare(outer_t, weight_pattern(-1), fused), preps, owner, fusion, cache)
+
+
+def first_from(groups: dict[tuple[object, ...], list[int]]) -> int | None:
+    """The layer whose template layer 0's is made from (first_layer): the first of the group
+    with layer 0's signature but for being first; None if no later layer has it."""
+    sig = next((s for s, members in groups.items() if members[0] == 0), None)
+    if sig is None:
+        return None
+    later = groups.get((*sig[:2], False, *sig[3:]))
+    return later[0] if later else None
+
+
+def first_layer(template: Template) -> Template | None:
+    """Layer 0's template from that of a later layer with the same signature but for being
+    first. A later layer's graph begins with Add(x, r), the previous block's output joining the
+    stream, and layer 0 has no r: without that Add, the stream read where the sum was (and an
+    Identity where the sum was an output), it is the graph tracing layer 0 gives. A trace takes
+    seconds, this edit milliseconds. None if the graph does not begin that way."""
+    from ..graphs.edit import walk
+
+    readers = [n for n in walk(template.model.graph) if "r" in n.input]
+    if len(readers) != 1 or readers[0].op_type != "Add" or sorted(readers[0].input) != ["r", "x"]:
+        return None
+    total = readers[0].output[0]
+    model = onnx.ModelProto()
+    model.CopyFrom(template.model)
+    graph = model.graph
+    removed = next(n.name for n in graph.node if n.op_type == "Add" and list(n.output) == [total])
+    nodes = [n for n in graph.node if n.name != removed]
+    for node in nodes:  # the names _name_nodes would have given: later Adds of the scope move up one
+        base, _, count = node.name.rpartition("_")
+        if base == removed and count.isdigit():
+            node.name = base if count == "1" else f"{base}_{int(count) - 1}"
+    for node in walk(graph):
+        node.input[:] = ["x" if i == total else i for i in node.input]
+    if total in {v.name for v in graph.output}:
+        nodes.append(onnx.helper.make_node("Identity", ["x"], [total], name=f"/model/layers.{template.index}/Identity"))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for field_ in (graph.input, graph.value_info):
+        keep = [v for v in field_ if v.name not in ("r", total)]
+        del field_[:]
+        field_.extend(keep)
+    return Template(template.index, model, list(template.weights))
 
 
 def _trace_cache() -> TraceCache | None:
