@@ -63,7 +63,7 @@ def export(
     if format not in FORMATS:
         raise ExportError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     out = writable(out, force)
-    from .hub import resolve
+    from ..models.loading.checkpoint import resolve
 
     src = resolve(src)
     if quantizer is not None and format != "onnx":
