@@ -224,7 +224,7 @@ def _record(manifest: Manifest, written: Any, fused_ops: bool, plan: dict[str, i
 
 def _check_memory(weights: Any, validate: bool, quantized: bool, report: bool) -> dict[str, int]:
     """Refuse, before any work, an export this machine's memory cannot hold."""
-    from .weights import available_memory, memory_plan
+    from .streamed import available_memory, memory_plan
 
     plan = memory_plan(weights, validate or report, quantized and not report)
     free = available_memory()
