@@ -150,7 +150,7 @@ def _write_onnx(
 ) -> Manifest:
     """ONNX, one layer at a time from the memory-mapped checkpoint (export.streamed)."""
     from ..errors import QuantizationError
-    from ..graphs.in_place import in_place_states
+    from ..graphs.manifest import in_place_states
     from ..models.loading.checkpoint import open_weights
     from ..models.loading.weights import numel
     from . import parity as val
@@ -297,7 +297,7 @@ def _manifest(
 def _generation(src: Path) -> dict[str, Any] | None:
     """The checkpoint's recommended generation settings (generation_config.json), checked
     before any work is done."""
-    from ..graphs.generation import read_generation_config
+    from ..graphs.manifest import read_generation_config
 
     try:
         return read_generation_config(src)

@@ -19,8 +19,7 @@ from typing import Any
 
 from ..errors import QuantizationError
 from ..graphs.files import atomic_directory, copy_tokenizer, save_onnx
-from ..graphs.in_place import in_place_states
-from ..graphs.manifest import Manifest, read_manifest
+from ..graphs.manifest import Manifest, in_place_states, read_manifest
 from ..runtime.input_checks import as_path, as_paths
 from ..runtime.text import TOKENIZER
 from . import half, kv_cache, rewrites

@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import GenerationError
-from ..graphs.generation import merge
-from ..graphs.manifest import Manifest
+from ..graphs.manifest import Manifest, merge
 from . import decode as dec
 from .beam import beam_search
 from .bound import BoundStepper
