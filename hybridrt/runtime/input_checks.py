@@ -9,9 +9,10 @@ the value and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,15 @@ def check_config(cfg: Any) -> None:
     errors = config_errors(cfg)
     if errors:
         raise GenerationError("; ".join(errors))
+
+
+def refuse_unknown(cls: type, given: Iterable[str], error: Callable[[str], Exception], what: str) -> None:
+    """Raises `error` naming those of `given` that are not fields of the dataclass `cls`, and the
+    known ones (the option dataclasses' from_kwargs: GenerationConfig's, QuantConfig's)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(given) - names)
+    if unknown:
+        raise error(f"unknown {what} {', '.join(unknown)}; known: {', '.join(sorted(names))}")
 
 
 def _encodable(text: str) -> bool:
