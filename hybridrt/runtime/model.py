@@ -23,7 +23,7 @@ from .sampling import GenerationConfig
 from .speculative import Draft, check_draft, speculate
 from .state import StepOptions, Stepper
 from .state_files import identity
-from .streaming import Output, TextStream, deadline_after, text_pieces, until
+from .streaming import Output, TextStream, text_pieces
 from .text import Prompts, as_prompts, decode, need_tokenizer, stop_check
 
 BEAMS_NEED_GENERATE = "beam search needs the whole sequence before it answers; use generate()"
@@ -121,7 +121,7 @@ class Model:
         **kwargs: Any,
     ) -> tuple[Output, dec.GenerationStats]:
         """As generate, with what the generation did: token counts and timings."""
-        deadline = deadline_after(timeout)
+        deadline = dec.deadline_after(timeout)
         cfg = self.generation_config(**kwargs)
         prompts = self.prompt_rows(prompt, cfg)
         fit = rows_that_fit(self.manifest, max(len(r) for r in prompts.rows) + cfg.max_new_tokens) // cfg.num_beams
@@ -139,7 +139,7 @@ class Model:
             runs = []
             for row in prompts.rows:
                 runs.append(dec.GenerationStats())
-                for _ in until(self._speculative(draft, row, cfg, runs[-1]), deadline, runs[-1]):
+                for _ in dec.until(self._speculative(draft, row, cfg, runs[-1]), deadline, runs[-1]):
                     pass
             stats = dec.GenerationStats.combine(runs)
             return self._format(prompts, stats.tokens), stats
@@ -155,7 +155,7 @@ class Model:
             tokens = beam_search(stepper, prompts.rows, cfg, eos, stats)
             return self._format(prompts, tokens, cfg.num_return_sequences), stats
         stepper = self.stepper(len(prompts.rows), capacity)
-        for _ in until(self._steps(stepper, prompts.rows, cfg, stats, cache=cache), deadline, stats):
+        for _ in dec.until(self._steps(stepper, prompts.rows, cfg, stats, cache=cache), deadline, stats):
             pass
         return self._format(prompts, stats.tokens), stats
 
@@ -173,7 +173,7 @@ class Model:
                 stepper = self.stepper(len(part) * cfg.num_beams, capacity)
                 tokens += beam_search(stepper, part, cfg, cfg.eos_ids(self.eos_token_ids), stats)
             else:
-                for _ in until(self._steps(self.stepper(len(part), capacity), part, cfg, stats), deadline, stats):
+                for _ in dec.until(self._steps(self.stepper(len(part), capacity), part, cfg, stats), deadline, stats):
                     pass
                 tokens += stats.tokens
             runs.append(stats)
@@ -191,7 +191,7 @@ class Model:
         """Text pieces of one prompt's continuation, as they are generated (see TextStream);
         `cache` and `timeout` as generate's (the timeout raised by the iteration). Closing the
         stream stops the generation: nothing more is computed."""
-        deadline = deadline_after(timeout)
+        deadline = dec.deadline_after(timeout)
         cfg = self.generation_config(**kwargs)
         if cfg.num_beams > 1:
             raise GenerationError(BEAMS_NEED_GENERATE)
@@ -208,7 +208,7 @@ class Model:
         else:
             stepper = self.stepper(1, self._capacity_for(prompts.rows, cfg))
             steps = self._steps(stepper, prompts.rows, cfg, stats, cache=cache)
-        return TextStream(self._pieces(until(steps, deadline, stats), stats), stats)
+        return TextStream(self._pieces(dec.until(steps, deadline, stats), stats), stats)
 
     def session(self, cache: StateCache | None = None) -> ChatSession:
         """A conversation whose states carry over from one generate() call to the next; with a
