@@ -2,9 +2,10 @@
 
 One rule per GenerationConfig field (a bool is not an int, NaN and inf are not numbers a
 caller means, sequences are checked element by element) and the prompt-side checks that
-need the model: text the tokenizer cannot take, and a batch whose states and logits would
-not fit in the memory limit. Every failure is a GenerationError that names the parameter,
-the value and what is allowed.
+need the model: text the tokenizer cannot take, a batch whose states and logits would not
+fit in the memory limit, rows within the model's length and vocabulary (check_rows_fit), and
+a prefix state cache a call may resume from (check_cache_use). Every failure is a
+GenerationError that names the parameter, the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -243,6 +244,36 @@ def check_memory(manifest: Any, batch: int, length: int) -> None:
             f"a batch of {batch} rows up to {length} tokens needs about {need / 2**30:.2f} GiB of states, "
             f"above the limit of {limit / 2**30:.2f} GiB; split the batch, shorten the prompts or "
             "max_new_tokens, or raise $HYBRIDRT_MAX_GENERATION_BYTES"
+        )
+
+
+def check_rows_fit(manifest: Any, rows: Sequence[Sequence[int]], cfg: Any, past: int = 0, memory: bool = True) -> None:
+    """GenerationError unless rows (after `past` tokens) and cfg.max_new_tokens (a
+    GenerationConfig's) fit the model: its max length, its vocabulary (EOS ids) and (with
+    `memory`) the batch memory limit."""
+    longest = past + max(len(r) for r in rows)
+    if longest + cfg.max_new_tokens > manifest.max_length:
+        raise GenerationError(
+            f"prompt of {longest} tokens + max_new_tokens {cfg.max_new_tokens} exceeds the model's max length "
+            f"{manifest.max_length}; shorten the prompt or lower max_new_tokens"
+        )
+    check_eos_ids(cfg.eos_ids(()), manifest.vocab_size)
+    if memory:
+        check_memory(manifest, len(rows) * cfg.num_beams, longest + cfg.max_new_tokens)
+
+
+def check_cache_use(made_for_model: bool, prompts: Any, cfg: Any, assistant: bool) -> None:
+    """GenerationError unless the cache is a StateCache made for this model (`made_for_model`)
+    and the call can resume from it: one prompt (text.Prompts, or None), no beams, no draft."""
+    if not made_for_model:
+        raise GenerationError("cache= takes a StateCache made for this model: model.state_cache()")
+    if prompts is not None and not prompts.single:
+        raise GenerationError("cache= takes one prompt; generate a batch without it, or one prompt at a time")
+    if cfg is not None and cfg.num_beams > 1:
+        raise GenerationError("beam search does not resume from a prefix state cache: drop cache= or num_beams")
+    if assistant:
+        raise GenerationError(
+            "speculative decoding does not resume from a prefix state cache: drop cache= or assistant_model"
         )
 
 

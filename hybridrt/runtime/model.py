@@ -16,8 +16,7 @@ from .beam import beam_search
 from .bound import BoundStepper
 from .chat_session import ChatSession
 from .evaluate import evaluate
-from .fits import check_cache_use, check_rows_fit
-from .input_checks import rows_that_fit
+from .input_checks import check_cache_use, check_rows_fit, rows_that_fit
 from .prefix_cache import StateCache
 from .sampling import GenerationConfig
 from .speculative import Draft, check_draft, speculate
@@ -247,8 +246,8 @@ class Model:
         cfg: GenerationConfig | None = None,
         assistant: Model | None = None,
     ) -> None:
-        owner = identity(self.manifest, self.path)
-        check_cache_use(cache, owner, prompts, cfg, assistant is not None)
+        made_for_model = isinstance(cache, StateCache) and cache.owner == identity(self.manifest, self.path)
+        check_cache_use(made_for_model, prompts, cfg, assistant is not None)
 
     def evaluate(
         self, text: str, window: int | None = None, stride: int | None = None, progress: Any = None
