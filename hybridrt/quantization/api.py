@@ -24,9 +24,8 @@ from ..runtime.input_checks import as_path, as_paths
 from ..runtime.text import TOKENIZER
 from . import rewrites
 from .calibration import NO_REPORT, CalibrationReader, calibration_feeds, head, read_inputs, split_text
-from .graph_pass import quantize_graph
+from .graph_pass import graph_sizes, quantize_graph, quantized_manifest
 from .modes import QuantConfig
-from .record import graph_sizes, quantized_manifest
 from .report import check_gates, quality_report
 from .selection import NodeSelection, select_nodes
 from .shared import Quantized, SharedWeights

@@ -113,7 +113,7 @@ def _finish_export(
     from ..graphs.manifest import Manifest
     from ..runtime import load
     from .calibration import NO_REPORT, head, read_inputs
-    from .record import quantized_manifest
+    from .graph_pass import quantized_manifest
     from .report import check_gates, quality_report
 
     if not quantizer.selection.quantize and not quantizer.selection.vocab:
