@@ -19,11 +19,10 @@ from .._version import __version__
 from ..config import HybridConfig
 from ..errors import CheckpointError, ExportError, GraphError
 from ..graphs.contract import GraphContract
-from ..graphs.files import atomic_directory, copy_tokenizer
+from ..graphs.files import as_path, atomic_directory, copy_tokenizer
 from ..graphs.manifest import GRAPH_FILES, Manifest
 from ..models.decoder import HybridForCausalLM
 from ..models.loading.checkpoint import load_model
-from ..runtime.input_checks import as_path
 from .trace import GraphModule, dynamic_shapes, example_inputs
 
 FORMATS = tuple(GRAPH_FILES)

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import QuantizationError
-from ..graphs.files import atomic_directory, copy_tokenizer, save_onnx
+from ..graphs.files import as_path, atomic_directory, copy_tokenizer, save_onnx
 from ..graphs.manifest import Manifest, in_place_states, read_manifest
-from ..runtime.input_checks import as_path, as_paths
+from ..runtime.input_checks import as_paths
 from ..runtime.text import TOKENIZER
 from . import rewrites
 from .calibration import NO_REPORT, CalibrationReader, calibration_feeds, head, read_inputs, split_text

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import GenerationError, HybridrtError
+from ..graphs.files import as_path, encodable, shown
 
 # Default ceiling of one generation's estimated memory (states, KV at full length, logits);
 # $HYBRIDRT_MAX_GENERATION_BYTES overrides it.
@@ -45,37 +46,32 @@ def early_stopping_never(value: object) -> bool:
     return isinstance(value, str) and value == "never"
 
 
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _int(name: str, value: object, low: int, what: str) -> str | None:
     if is_int(value) and value >= low:  # type: ignore[operator]
         return None
-    return f"{name} must be an integer >= {low}{what}, got {_show(value)}"
+    return f"{name} must be an integer >= {low}{what}, got {shown(value)}"
 
 
 def _real(name: str, value: Any, ok: Callable[[float], bool], allowed: str) -> str | None:
     if is_real(value) and ok(float(value)):
         return None
-    return f"{name} must be a finite number {allowed}, got {_show(value)}"
+    return f"{name} must be a finite number {allowed}, got {shown(value)}"
 
 
 def _token_ids(name: str, value: object) -> str | None:
     ids = [value] if is_int(value) else value
     if isinstance(ids, Sequence) and not isinstance(ids, str | bytes) and all(is_int(e) and e >= 0 for e in ids):
         return None
-    return f"{name} must be a token id (integer >= 0) or a list of them, got {_show(value)}"
+    return f"{name} must be a token id (integer >= 0) or a list of them, got {shown(value)}"
 
 
 def _strings(name: str, value: object) -> str | None:
     items = [value] if isinstance(value, str) else value
     if isinstance(items, Sequence) and not isinstance(items, bytes) and all(isinstance(s, str) and s for s in items):
-        if all(_encodable(s) for s in items):
+        if all(encodable(s) for s in items):
             return None
-        return f"{name} must be valid Unicode text (no lone surrogates), got {_show(value)}"
-    return f"{name} must be a non-empty string or a list of them, got {_show(value)}"
+        return f"{name} must be valid Unicode text (no lone surrogates), got {shown(value)}"
+    return f"{name} must be a non-empty string or a list of them, got {shown(value)}"
 
 
 def config_errors(cfg: Any) -> list[str]:
@@ -85,10 +81,10 @@ def config_errors(cfg: Any) -> list[str]:
         _int("min_new_tokens", cfg.min_new_tokens, 0, ""),
         None
         if cfg.do_sample is None or isinstance(cfg.do_sample, bool | np.bool_)
-        else f"do_sample must be True, False or None, got {_show(cfg.do_sample)}",
+        else f"do_sample must be True, False or None, got {shown(cfg.do_sample)}",
         None
         if cfg.add_bos_token is None or isinstance(cfg.add_bos_token, bool | np.bool_)
-        else f"add_bos_token must be True, False or None, got {_show(cfg.add_bos_token)}",
+        else f"add_bos_token must be True, False or None, got {shown(cfg.add_bos_token)}",
         None if cfg.top_k is None else _int("top_k", cfg.top_k, 0, " (0 = off)"),
         None if cfg.top_p is None else _real("top_p", cfg.top_p, lambda p: 0 < p <= 1, "in (0, 1]"),
         _real(
@@ -106,7 +102,7 @@ def config_errors(cfg: Any) -> list[str]:
         None
         if cfg.num_assistant_tokens_schedule in SCHEDULES
         else f"num_assistant_tokens_schedule must be one of {', '.join(map(repr, SCHEDULES))}, "
-        f"got {_show(cfg.num_assistant_tokens_schedule)}",
+        f"got {shown(cfg.num_assistant_tokens_schedule)}",
         _int("num_beams", cfg.num_beams, 1, " (1 = no beam search)"),
         _real(
             "length_penalty",
@@ -116,7 +112,7 @@ def config_errors(cfg: Any) -> list[str]:
         ),
         None
         if isinstance(cfg.early_stopping, bool | np.bool_) or early_stopping_never(cfg.early_stopping)
-        else f'early_stopping must be True, False or "never", got {_show(cfg.early_stopping)}',
+        else f'early_stopping must be True, False or "never", got {shown(cfg.early_stopping)}',
         _int("num_return_sequences", cfg.num_return_sequences, 1, ""),
     ]
     if cfg.temperature is not None:
@@ -176,14 +172,6 @@ def refuse_unknown(cls: type, given: Iterable[str], error: Callable[[str], Excep
     unknown = sorted(set(given) - names)
     if unknown:
         raise error(f"unknown {what} {', '.join(unknown)}; known: {', '.join(sorted(names))}")
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def check_text(texts: Sequence[str]) -> None:
@@ -277,20 +265,13 @@ def check_cache_use(made_for_model: bool, prompts: Any, cfg: Any, assistant: boo
         )
 
 
-def as_path(value: object, what: str, error: type[HybridrtError] = GenerationError) -> Path:
-    """A str or os.PathLike argument as a Path; `error` naming `what` for anything else."""
-    if isinstance(value, str | os.PathLike) and str(value) and _encodable(str(value)):
-        return Path(value)
-    raise error(f"{what} must be a path (a non-empty str or pathlib.Path), got {_show(value)}")
-
-
 def as_paths(value: object, what: str, error: type[HybridrtError] = GenerationError) -> list[Path]:
     """One path or a list of them."""
     if isinstance(value, str | os.PathLike):
         return [as_path(value, what, error)]
     if isinstance(value, list | tuple):
         return [as_path(v, what, error) for v in value]
-    raise error(f"{what} must be a path or a list of paths, got {_show(value)}")
+    raise error(f"{what} must be a path or a list of paths, got {shown(value)}")
 
 
 def read_utf8(path: Path, what: str, error: type[HybridrtError] = GenerationError, hint: str = "") -> str:

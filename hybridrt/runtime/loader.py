@@ -11,8 +11,8 @@ from ..default_model import DEFAULT_NAME, model_dir
 from ..errors import GraphError, ProviderError
 from ..graphs.compat import for_graph_capture, for_onnxruntime_131, needs_query_seqlens
 from ..graphs.contract import TensorSpec, present_name
+from ..graphs.files import as_path
 from ..graphs.manifest import MANIFEST, Manifest, read_manifest, verify_files
-from .input_checks import as_path
 from .model import Model
 from .providers import CPU, CUDA, ProviderRequest, ProviderSelection, device_of, select_providers, threads_from_env
 from .text import load_tokenizer
