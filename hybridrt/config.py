@@ -24,7 +24,7 @@ and refuses a key it cannot place rather than drop it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -287,15 +287,6 @@ def _place(model_type: str, fields: dict[str, Any]) -> dict[str, Any]:
         target = placed.setdefault(group, {})
         (target if kind is None else target.setdefault(kind, {}))[name] = value
     return placed
-
-
-def refuse_unknown(cls: type, given: Iterable[str], error: Callable[[str], Exception], what: str) -> None:
-    """Raises `error` naming those of `given` that are not fields of the dataclass `cls`, and the
-    known ones (the option dataclasses' from_kwargs)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(given) - names)
-    if unknown:
-        raise error(f"unknown {what} {', '.join(unknown)}; known: {', '.join(sorted(names))}")
 
 
 def register_family_params(model_type: str, cls: type) -> None:

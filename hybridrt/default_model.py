@@ -64,7 +64,7 @@ def checkpoint_dir(src: str | Path) -> Path:
         fingerprint()  # a clear error if the package's model files are missing
         return CHECKPOINT_DIR
     from .errors import CheckpointError
-    from .runtime.input_checks import as_path
+    from .graphs.files import as_path
 
     return as_path(src, "the checkpoint directory", CheckpointError)
 

@@ -24,14 +24,20 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def traced(run: Callable[[], Any]) -> set[str]:
-    """The hybridrt modules with a function that runs during run()."""
+    """The hybridrt modules with a function that runs during run(). What an import runs does not
+    count: a module's top-level code (code name "<module>") and all it runs, its class bodies and
+    the functions it calls (a module counts once a function of it runs after its import)."""
     import hybridrt
 
     package = str(Path(hybridrt.__file__).parent)
     seen: set[str] = set()
+    importing = 0  # module bodies running now (nested imports)
 
     def hook(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call":
+        nonlocal importing
+        if frame.f_code.co_name == "<module>":
+            importing += {"call": 1, "return": -1}.get(event, 0)
+        elif event == "call" and not importing:
             name = frame.f_code.co_filename
             if name.startswith(package):
                 seen.add(str(Path(name).relative_to(Path(package).parent)))

@@ -148,7 +148,7 @@ def jamba_traces(jamba_dir: Path) -> dict[str, Any]:
     and at 37 tokens (anew: no trace cache is read here), and the layer export makes layer 0's
     template from."""
     from hybridrt.export import fragments, onnx_export
-    from hybridrt.export.first_block import first_from
+    from hybridrt.export.templates import first_from
 
     cfg = load_model(jamba_dir)[0].config
     outer = fragments.outer_model(cfg)
@@ -247,7 +247,7 @@ def test_layer_0_made_from_a_later_layer_is_the_traced_one(jamba_traces: dict[st
     """Export makes layer 0's template from a later layer's with the same signature (dropping
     the Add that joins the previous block's output) instead of tracing it: the result has the
     traced template's nodes, inputs and outputs, up to the exporter's value names."""
-    from hybridrt.export.first_block import first_layer
+    from hybridrt.export.templates import first_layer
 
     k = jamba_traces["source"]
     assert k is not None and k > 0

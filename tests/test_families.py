@@ -143,7 +143,7 @@ def test_batch_of_different_lengths_equals_each_prompt_alone(exported: Path) -> 
 
 
 def test_states_in_place_equal_two_buffers(exported: Path) -> None:
-    """Every conv and SSM state is read and written in one buffer (graphs/in_place.py) but a
+    """Every conv and SSM state is read and written in one buffer (graphs.manifest.in_place_states) but a
     Mamba1 layer's SSM (an onnxruntime Scan), and generation in place (the default stepper)
     gives the logits of two alternating buffers bit for bit."""
     model = hybridrt.load(exported)

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 import hybridrt
-from hybridrt.graphs.generation import read_generation_config
-from hybridrt.graphs.manifest import MANIFEST, read_manifest
+from hybridrt.graphs.manifest import MANIFEST, read_generation_config, read_manifest
 
 RECOMMENDED = {"repetition_penalty": 1.3, "add_bos_token": True}
 

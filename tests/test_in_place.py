@@ -1,4 +1,4 @@
-"""States read and written in one buffer (graphs/in_place.py, the manifest's `in_place`, and
+"""States read and written in one buffer (graphs.manifest.in_place_states, the manifest's `in_place`, and
 BoundStepper with ring=1): which states a graph allows, that onnxruntime's kernels give the
 same values in one buffer as in two, and that steppers in place continue exactly as those with
 two sets through prompts, decode steps, joins, leaves and a change to a rewinding stepper."""
@@ -17,8 +17,8 @@ from onnx import TensorProto, helper
 import hybridrt
 from hybridrt.errors import GenerationError, GraphError
 from hybridrt.graphs.contract import TensorSpec
-from hybridrt.graphs.in_place import in_place_states
 from hybridrt.graphs.inspect import describe
+from hybridrt.graphs.manifest import in_place_states
 from hybridrt.runtime.bound import BoundStepper
 from hybridrt.runtime.decode import prefill
 

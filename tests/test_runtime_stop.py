@@ -5,6 +5,7 @@ the session stay usable. The clock is replaced by one that advances a second per
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ import pytest
 
 import hybridrt
 from hybridrt import GenerationTimeout
-from hybridrt.runtime import streaming
+from hybridrt.runtime import decode
 from hybridrt.runtime.model import Model
 
 PROMPT = [5, 6, 7, 8]
@@ -25,14 +26,14 @@ def model(jamba_onnx: Path) -> Model:
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The time limits' clock (runtime/streaming.py): each reading one second after the last."""
+    """The time limits' clock (runtime/decode.py, until): each reading one second after the last."""
     now = [0.0]
 
     def monotonic() -> float:
         now[0] += 1.0
         return now[0]
 
-    monkeypatch.setattr(streaming, "time", SimpleNamespace(monotonic=monotonic))
+    monkeypatch.setattr(decode, "time", SimpleNamespace(monotonic=monotonic, perf_counter=time.perf_counter))
     return now
 
 

@@ -218,12 +218,12 @@ def test_a_shard_that_does_not_match_the_config_is_named(granite: Path, tmp_path
 def test_an_export_that_would_not_fit_is_refused_before_any_work(
     granite: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The memory plan (export.weights.memory_plan) against what the machine has: refused with
+    """The memory plan (export.streamed.memory_plan) against what the machine has: refused with
     the stage that would not fit and what to do, nothing written."""
     from hybridrt.errors import ExportError
-    from hybridrt.export import weights
+    from hybridrt.export import streamed
 
-    monkeypatch.setattr(weights, "available_memory", lambda: 1_000_000)
+    monkeypatch.setattr(streamed, "available_memory", lambda: 1_000_000)
     with pytest.raises(ExportError, match=r"needs about .* GB while checking parity .* --no-validate"):
         export(granite, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -19,11 +19,10 @@ from .._version import __version__
 from ..config import HybridConfig
 from ..errors import CheckpointError, ExportError, GraphError
 from ..graphs.contract import GraphContract
-from ..graphs.files import atomic_directory, copy_tokenizer
+from ..graphs.files import as_path, atomic_directory, copy_tokenizer
 from ..graphs.manifest import GRAPH_FILES, Manifest
 from ..models.decoder import HybridForCausalLM
 from ..models.loading.checkpoint import load_model
-from ..runtime.input_checks import as_path
 from .trace import GraphModule, dynamic_shapes, example_inputs
 
 FORMATS = tuple(GRAPH_FILES)
@@ -63,7 +62,7 @@ def export(
     if format not in FORMATS:
         raise ExportError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     out = writable(out, force)
-    from .hub import resolve
+    from ..models.loading.checkpoint import resolve
 
     src = resolve(src)
     if quantizer is not None and format != "onnx":
@@ -150,7 +149,7 @@ def _write_onnx(
 ) -> Manifest:
     """ONNX, one layer at a time from the memory-mapped checkpoint (export.streamed)."""
     from ..errors import QuantizationError
-    from ..graphs.in_place import in_place_states
+    from ..graphs.manifest import in_place_states
     from ..models.loading.checkpoint import open_weights
     from ..models.loading.weights import numel
     from . import parity as val
@@ -224,7 +223,7 @@ def _record(manifest: Manifest, written: Any, fused_ops: bool, plan: dict[str, i
 
 def _check_memory(weights: Any, validate: bool, quantized: bool, report: bool) -> dict[str, int]:
     """Refuse, before any work, an export this machine's memory cannot hold."""
-    from .weights import available_memory, memory_plan
+    from .streamed import available_memory, memory_plan
 
     plan = memory_plan(weights, validate or report, quantized and not report)
     free = available_memory()
@@ -297,7 +296,7 @@ def _manifest(
 def _generation(src: Path) -> dict[str, Any] | None:
     """The checkpoint's recommended generation settings (generation_config.json), checked
     before any work is done."""
-    from ..graphs.generation import read_generation_config
+    from ..graphs.manifest import read_generation_config
 
     try:
         return read_generation_config(src)

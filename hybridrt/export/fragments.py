@@ -5,7 +5,7 @@ A 40-layer model has two or three distinct layers (a Mamba2 block, an attention 
 first block, which has no pending residual), so tracing them once each and instantiating the
 template for every layer (compose.py) keeps export time and memory independent of depth. The
 first block is not traced where a later block has its signature: its template is the later
-one's without the residual's Add (first_block.py). The
+one's without the residual's Add (templates.first_layer). The
 weights are inputs of the templates, not initializers: the traced graphs hold no weight
 values, every transform of a weight (the transpose of a Linear, -exp(A_log), a repeat for
 grouped heads) stays a node that compose.py evaluates per layer on that layer's own tensors.
@@ -43,6 +43,7 @@ from .trace import EXAMPLE_BATCH, EXAMPLE_PASTS, EXAMPLE_SEQ, EXAMPLE_SPARE
 CTX_FIELDS = ("past_lengths", "cos", "sin", "rope_cos", "rope_sin", "seqlens_k", "total", "query_seqlens")
 WEIGHT = "w:"
 STREAM_DIMS = ("batch", "seq")  # x and r: [batch, seq, hidden]
+TRACE_CACHE_ENV = "HYBRIDRT_TRACE_CACHE"  # a directory of templates shared between exports (trace_cache.py)
 _CTX_DIMS: dict[str, tuple[str, ...]] = {
     "past_lengths": ("batch",),
     "cos": ("batch", "seq"),

@@ -3,11 +3,13 @@ then write the graph layer by layer from the memory-mapped checkpoint (compose.p
 
 Peak memory is a fixed overhead (the traced templates, the graph's nodes) plus the largest of
 the outer graph's weights and one layer's weights with what is derived from them; export time
-grows with the bytes written, not with tracing each layer.
+grows with the bytes written, not with tracing each layer. That peak, against what the machine
+has, is checked before any work (memory_plan).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,7 +21,7 @@ import onnx
 
 from ..graphs.contract import GraphContract
 from ..graphs.files import IR_VERSION
-from ..models.loading.weights import Weights
+from ..models.loading.weights import Weights, numel
 from .compose import DataFile, Fragment, Prepared, assemble, instantiate
 from .fragments import CTX_FIELDS, Template
 from .templates import templates, weight_pattern
@@ -27,6 +29,7 @@ from .templates import templates, weight_pattern
 # A rewrite of one fragment once its weights are bound (direct quantization):
 # (fragment model, layer index or -1 for the outer graph) -> the rewritten model.
 LayerPass = Callable[[onnx.ModelProto, int], onnx.ModelProto]
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 @dataclass
@@ -100,7 +103,8 @@ def write_graph(
     _save(model, contract, path)
     written_s = time.perf_counter() - t0 - trace_s
     offset = data.offset if data is not None else 0
-    return Written(list(t.groups.values()), trace_s, written_s, t.fusion, passes, offset, t.cache.record())
+    cache = t.cache.record() if t.cache is not None else None
+    return Written(list(t.groups.values()), trace_s, written_s, t.fusion, passes, offset, cache)
 
 
 def _outer_io(outer: Template, num_layers: int) -> dict[str, str]:
@@ -255,3 +259,39 @@ def _stream(frag: Fragment, data: DataFile | None) -> Fragment:
     if data is None:
         return frag
     return Fragment(frag.nodes, [data.add(t) for t in frag.initializers], frag.opsets, frag.value_info)
+
+
+def memory_plan(weights: Weights, validate: bool, quantized: bool) -> dict[str, int]:
+    """Bytes the streamed export will hold at its peak, by stage: writing holds the largest
+    fragment's float32 weights about three times (read, derived, serialized); the parity check
+    holds the float graph in an onnxruntime session beside one reference layer."""
+    layer: dict[int, int] = {}
+    outer = 0
+    for name, shape in weights.shapes.items():
+        n = 4 * numel(shape)
+        m = _LAYER.match(name)
+        if m:
+            layer[int(m.group(1))] = layer.get(int(m.group(1)), 0) + n
+        else:
+            outer += n
+    largest = max([outer, *layer.values()])
+    plan = {"float32_bytes": weights.nbytes(), "largest_fragment_bytes": largest, "overhead_bytes": OVERHEAD}
+    plan["write_bytes"] = OVERHEAD + 3 * largest
+    plan["check_bytes"] = OVERHEAD + weights.nbytes() + 2 * largest if validate and not quantized else 0
+    plan["peak_bytes"] = max(plan["write_bytes"], plan["check_bytes"])
+    return plan
+
+
+OVERHEAD = 1_500_000_000  # torch, onnxruntime, the traced templates and the graph's nodes
+
+
+def available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux), None elsewhere: no check then (the runtime's
+    input_checks.available_memory guesses a figure there, which would refuse large exports)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

@@ -1,31 +1,37 @@
 """The templates an export instantiates (export.streamed): every distinct layer's and the outer
-graph's, traced (fragments.py) or read from the trace cache (trace_cache.py), with their norms
-fused (export.fuse), their value types annotated, and each prepared for instantiation
-(compose.py).
+graph's, traced (fragments.py) or read from the trace cache (trace_cache.py, only where
+$HYBRIDRT_TRACE_CACHE names one), with their norms fused (export.fuse), their value types
+annotated, and each prepared for instantiation (compose.py).
+
+Layer 0's template is made from a later layer's instead of traced where a later layer has its
+signature (first_from, first_layer): layer 0 differs from the rest only in having no previous
+block's output to add, so a graph edit gives its template.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from ..config import HybridConfig
 from ..graphs.contract import GraphContract
 from .compose import Prepared, prepare
-from .first_block import first_from, first_layer
-from .fragments import Template, layer_blocks, outer_model, signature, trace_layer, trace_outer
-from .trace_cache import TraceCache, template_key
+from .fragments import TRACE_CACHE_ENV, Template, layer_blocks, outer_model, signature, trace_layer, trace_outer
+
+if TYPE_CHECKING:
+    from .trace_cache import TraceCache
 
 
 @dataclass
 class Templates:
     """What the writing instantiates: the layers grouped by template (first layer of each group
     first), the outer graph's template, each template prepared for its layers, and the records
-    of the norm fusion and the trace cache."""
+    of the norm fusion and the trace cache (None without one)."""
 
     groups: dict[tuple[object, ...], list[int]]
     outer: Template
@@ -33,7 +39,7 @@ class Templates:
     preps: dict[int, Prepared]
     owner: dict[int, int]  # layer -> the first layer of its group
     fusion: Any
-    cache: TraceCache
+    cache: TraceCache | None
 
 
 def templates(
@@ -47,25 +53,23 @@ def templates(
     groups: dict[tuple[object, ...], list[int]] = {}
     for i in layers:
         groups.setdefault(signature(cfg, outer, i, blocks[i], shared, contract), []).append(i)
-    source = first_from(groups)  # layer 0's template is made from this layer's (fragments.first_layer)
+    source = first_from(groups)  # layer 0's template is made from this layer's (first_layer)
     traced = len(groups) - (source is not None)
     say(f"tracing {traced} distinct layers of {cfg.num_layers} and the outer graph")
-    cache = TraceCache.from_env()
+    cache = _trace_cache()
     templates: dict[int, Template] = {}
     for members in groups.values():
         j = members[0]
         if j != 0 or source is None:
             trace = functools.partial(trace_layer, cfg, outer, j, blocks[j], shared, fused, contract)
-            templates[j] = cache.get(template_key(cfg, j, fused, contract), trace)
+            templates[j] = _traced(cache, cfg, j, fused, contract, trace)
     if source is not None:
         first = first_layer(templates[source])
         if first is None:
             trace = functools.partial(trace_layer, cfg, outer, 0, blocks[0], shared, fused, contract)
-            first = cache.get(template_key(cfg, 0, fused, contract), trace)
+            first = _traced(cache, cfg, 0, fused, contract, trace)
         templates[0] = first
-    outer_t = cache.get(
-        template_key(cfg, -1, fused, contract), functools.partial(trace_outer, cfg, outer, fused, contract)
-    )
+    outer_t = _traced(cache, cfg, -1, fused, contract, functools.partial(trace_outer, cfg, outer, fused, contract))
     del blocks
     fusion = _fuse({-1: outer_t, **templates}, groups) if fused and fuse_norms else None
     for t in [outer_t, *templates.values()]:
@@ -73,6 +77,77 @@ def templates(
     preps = {j: prepare(t, weight_pattern(t.index), fused) for j, t in templates.items()}
     owner = {i: members[0] for members in groups.values() for i in members}
     return Templates(groups, outer_t, prepare(outer_t, weight_pattern(-1), fused), preps, owner, fusion, cache)
+
+
+def first_from(groups: dict[tuple[object, ...], list[int]]) -> int | None:
+    """The layer whose template layer 0's is made from (first_layer): the first of the group
+    with layer 0's signature but for being first; None if no later layer has it."""
+    sig = next((s for s, members in groups.items() if members[0] == 0), None)
+    if sig is None:
+        return None
+    later = groups.get((*sig[:2], False, *sig[3:]))
+    return later[0] if later else None
+
+
+def first_layer(template: Template) -> Template | None:
+    """Layer 0's template from that of a later layer with the same signature but for being
+    first. A later layer's graph begins with Add(x, r), the previous block's output joining the
+    stream, and layer 0 has no r: without that Add, the stream read where the sum was (and an
+    Identity where the sum was an output), it is the graph tracing layer 0 gives. A trace takes
+    seconds, this edit milliseconds. None if the graph does not begin that way."""
+    from ..graphs.edit import walk
+
+    readers = [n for n in walk(template.model.graph) if "r" in n.input]
+    if len(readers) != 1 or readers[0].op_type != "Add" or sorted(readers[0].input) != ["r", "x"]:
+        return None
+    total = readers[0].output[0]
+    model = onnx.ModelProto()
+    model.CopyFrom(template.model)
+    graph = model.graph
+    removed = next(n.name for n in graph.node if n.op_type == "Add" and list(n.output) == [total])
+    nodes = [n for n in graph.node if n.name != removed]
+    for node in nodes:  # the names _name_nodes would have given: later Adds of the scope move up one
+        base, _, count = node.name.rpartition("_")
+        if base == removed and count.isdigit():
+            node.name = base if count == "1" else f"{base}_{int(count) - 1}"
+    for node in walk(graph):
+        node.input[:] = ["x" if i == total else i for i in node.input]
+    if total in {v.name for v in graph.output}:
+        nodes.append(onnx.helper.make_node("Identity", ["x"], [total], name=f"/model/layers.{template.index}/Identity"))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for field_ in (graph.input, graph.value_info):
+        keep = [v for v in field_ if v.name not in ("r", total)]
+        del field_[:]
+        field_.extend(keep)
+    return Template(template.index, model, list(template.weights))
+
+
+def _trace_cache() -> TraceCache | None:
+    """The trace cache in the directory $HYBRIDRT_TRACE_CACHE names; None (and trace_cache.py
+    not imported) without one."""
+    if not os.environ.get(TRACE_CACHE_ENV):
+        return None
+    from .trace_cache import TraceCache
+
+    return TraceCache.from_env()
+
+
+def _traced(
+    cache: TraceCache | None,
+    cfg: HybridConfig,
+    index: int,
+    fused: bool,
+    contract: GraphContract,
+    trace: Callable[[], Template],
+) -> Template:
+    """Template `index` (-1: the outer graph): read from the trace cache, or traced (and stored
+    there)."""
+    if cache is None:
+        return trace()
+    from .trace_cache import template_key
+
+    return cache.get(template_key(cfg, index, fused, contract), trace)
 
 
 def weight_pattern(j: int) -> Callable[[str], str]:

@@ -31,9 +31,9 @@ from ..config import HybridConfig
 from ..ffn_kinds import FFN_KINDS
 from ..graphs.contract import GraphContract
 from ..kinds import LAYER_KINDS
-from .fragments import Template
+from .fragments import TRACE_CACHE_ENV, Template
 
-ENV = "HYBRIDRT_TRACE_CACHE"
+ENV = TRACE_CACHE_ENV
 PACKAGE = Path(__file__).resolve().parents[1]
 TRACED_SOURCES = ("models", "export", "graphs", "kinds.py", "config.py")
 

@@ -28,7 +28,7 @@ States by mixer kind (layer index i), as `hybridrt.kinds.LAYER_KINDS` declares t
   (docs/adding-an-architecture.md lists every kind.)
 A fresh sequence starts from zeros and past_lengths 0; `capacity` is the runtime's choice
 (at least the tokens a row will hold, at most the model's max length). A fixed-size state
-that the manifest lists under `in_place` (graphs/in_place.py) may be bound as past and present
+that the manifest lists under `in_place` (graphs.manifest.in_place_states) may be bound as past and present
 in one buffer too.
 
 `GraphContract.of(cfg)` holds one model's contract; an export builds it once and hands it to

@@ -1,5 +1,6 @@
 """Writing a graph directory: one atomic writer and one ONNX save for export, quantization and
-scripts (scripts/train_default_model.py can publish its checkpoint with `atomic_directory`).
+scripts (scripts/train_default_model.py can publish its checkpoint with `atomic_directory`); and
+a path argument checked as one (as_path).
 
 Writing is atomic: everything goes to a temporary directory beside the target, which takes
 the target's name only once the block that fills it has finished; on any error the
@@ -16,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import HybridrtError
+from ..errors import GenerationError, HybridrtError
 from .manifest import TOKENIZER_FILES
 
 # onnx 1.23 writes IR 14 by default, newer than many onnxruntime builds read (1.31 stops at
@@ -86,3 +87,25 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
     for name in TOKENIZER_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
+
+
+def as_path(value: object, what: str, error: type[HybridrtError] = GenerationError) -> Path:
+    """A str or os.PathLike argument as a Path; `error` naming `what` for anything else."""
+    if isinstance(value, str | os.PathLike) and str(value) and encodable(str(value)):
+        return Path(value)
+    raise error(f"{what} must be a path (a non-empty str or pathlib.Path), got {shown(value)}")
+
+
+def encodable(text: str) -> bool:
+    """Whether UTF-8 encodes `text` (a lone surrogate such as '\\udcff' it does not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown(value: object) -> str:
+    """A value as an error message shows it: its repr, cut after 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

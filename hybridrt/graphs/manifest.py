@@ -1,6 +1,28 @@
 """`hybridrt.json`: the manifest that makes an exported directory self-describing.
 
-The runtime reads only this file and the graph; it never guesses. Torch-free.
+The runtime reads only this file and the graph; it never guesses. Torch-free. Two of its
+records are read off the checkpoint and the graph here:
+
+`generation`, a model's recommended generation settings: read at export from the checkpoint's
+`generation_config.json` (read_generation_config) and applied by the runtime to every
+generate/stream/session call unless the caller overrides them (merge). Keys taken:
+repetition_penalty, max_new_tokens, min_new_tokens as transformers; do_sample, temperature,
+top_k, top_p only when do_sample is true (transformers ignores the others without it), and then
+as one group: a caller who sets any sampling parameter replaces the whole group; add_bos_token
+(hybridrt's key): prepend the tokenizer's BOS token to text prompts that do not start with it.
+Other keys (bos/eos/pad ids, transformers_version, ...) are ignored: special token ids come from
+config.json.
+
+`in_place`, the fixed-size states a graph may read and write in one buffer (in_place_states). A
+decode step reads each conv and SSM state once and writes its successor. Bound to two buffers,
+onnxruntime's LinearAttention first copies the whole past state into the present one before
+updating it (22 MB a token on granite-h-350m); bound to one, the copy is a no-op and the state
+stays in cache (`docs/notes/onnxruntime-fused-ops.md`, "States in place"). That is only correct
+where the node that reads `past.X` writes `present.X`, nothing else reads `past.X`, and the
+kernel reads the past before it overwrites it: the CPU kernels of these two onnxruntime
+operators do (tests/test_in_place.py); any other producer (a Scan, plain Concat/Slice) keeps two
+buffers. The runtime binds in place on the CPU only, and only for a stepper that does not rewind
+(`Model.stepper(ring=1)`, the default).
 """
 
 from __future__ import annotations
@@ -12,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GraphError
-from .contract import TensorSpec
-from .schema import check_manifest
+from .contract import TensorSpec, present_name
+from .edit import subgraph_reads
+from .schema import GENERATION, check_manifest, problem
 
 # 2: fixed-size KV buffers (past and present one buffer), past_lengths and logit_positions
 # instead of attention_mask and position_ids. 3: Mamba SSM states [batch, d_state, d_inner].
@@ -64,9 +87,9 @@ class Manifest:
     provenance: dict[str, Any] = field(default_factory=dict)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     parity: dict[str, Any] = field(default_factory=dict)
-    generation: dict[str, Any] | None = None  # recommended settings (graphs/generation.py)
+    generation: dict[str, Any] | None = None  # recommended settings (read_generation_config)
     # Fixed-size states whose one reader is their writer, so that a step may read and write them
-    # in one buffer (graphs/in_place.py); empty in manifests written before it.
+    # in one buffer (in_place_states); empty in manifests written before it.
     in_place: list[str] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
 
@@ -198,3 +221,68 @@ def verify_files(directory: Path, manifest: Manifest, hashes: bool = True) -> No
                 f"{path} does not match the checksum in {MANIFEST}: the file is corrupt or was changed "
                 "after export; re-export the model"
             )
+
+
+MS_DOMAIN = "com.microsoft"
+# op type -> (input index of the past state, output index of the present state)
+IN_PLACE_OPS = {"LinearAttention": (3, 1), "CausalConvWithState": (3, 1)}
+
+
+def in_place_states(graph: Any, pasts: list[TensorSpec]) -> list[str]:
+    """The fixed-size pasts of `graph` (a GraphProto, its fields read) that one node reads and
+    writes and nothing else reads."""
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    nested = subgraph_reads(graph)
+    out = []
+    for spec in pasts:
+        if spec.is_kv or spec.name in nested:
+            continue
+        nodes = readers.get(spec.name, [])
+        if len(nodes) != 1 or nodes[0].domain != MS_DOMAIN or nodes[0].op_type not in IN_PLACE_OPS:
+            continue
+        node = nodes[0]
+        past_at, present_at = IN_PLACE_OPS[node.op_type]
+        inputs, outputs = list(node.input), list(node.output)
+        if inputs.count(spec.name) != 1 or inputs.index(spec.name) != past_at:
+            continue
+        if len(outputs) > present_at and outputs[present_at] == present_name(spec.name):
+            out.append(spec.name)
+    return out
+
+
+GENERATION_CONFIG = "generation_config.json"
+SAMPLING = ("do_sample", "temperature", "top_k", "top_p")
+SINGLE = ("repetition_penalty", "max_new_tokens", "min_new_tokens", "add_bos_token")
+
+
+def read_generation_config(directory: Path) -> dict[str, Any] | None:
+    """The recommended settings in `directory/generation_config.json`, or None without one."""
+    path = directory / GENERATION_CONFIG
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError as e:
+        raise GraphError(f"{path} is not valid JSON ({e}); fix or remove it") from None
+    if not isinstance(data, dict):
+        raise GraphError(f"{path} must hold a JSON object, got {type(data).__name__}; fix or remove it")
+    keys = SINGLE + (SAMPLING if data.get("do_sample") is True else ())
+    found = {k: data[k] for k in keys if k in data and data[k] is not None}
+    bad = problem(found, GENERATION, "")
+    if bad:
+        raise GraphError(f"{path}: {bad}; fix or remove it")
+    return found or None
+
+
+def merge(recommended: dict[str, Any] | None, given: dict[str, Any]) -> dict[str, Any]:
+    """The caller's parameters over the model's recommendations (sampling as one group)."""
+    if not recommended:
+        return given
+    base = dict(recommended)
+    if any(given.get(k) is not None for k in SAMPLING):
+        for k in SAMPLING:
+            base.pop(k, None)
+    return base | given

@@ -64,7 +64,7 @@ def export_layout(
     its quantizer bound when `quantized`: quantized while exporting) writes of `src`; returns
     the manifest of that inner graph."""
     from ..export.api import writable
-    from ..export.hub import resolve
+    from ..models.loading.checkpoint import resolve
     from .genai import GENAI, write_layout
 
     out = writable(out, force)

@@ -18,16 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import QuantizationError
-from ..graphs.files import atomic_directory, copy_tokenizer, save_onnx
-from ..graphs.in_place import in_place_states
-from ..graphs.manifest import Manifest, read_manifest
-from ..runtime.input_checks import as_path, as_paths
+from ..graphs.files import as_path, atomic_directory, copy_tokenizer, save_onnx
+from ..graphs.manifest import Manifest, in_place_states, read_manifest
+from ..runtime.input_checks import as_paths
 from ..runtime.text import TOKENIZER
-from . import half, kv_cache, rewrites
-from .calibration import CalibrationReader, calibration_feeds, head, read_texts, split_text
-from .graph_pass import quantize_graph
+from . import rewrites
+from .calibration import NO_REPORT, CalibrationReader, calibration_feeds, head, read_inputs, split_text
+from .graph_pass import graph_sizes, quantize_graph, quantized_manifest
 from .modes import QuantConfig
-from .record import graph_sizes, quantized_manifest
 from .report import check_gates, quality_report
 from .selection import NodeSelection, select_nodes
 from .shared import Quantized, SharedWeights
@@ -65,8 +63,7 @@ def quantize(
     eval_text = None if eval_text is None else as_path(eval_text, "eval_text", QuantizationError)
     parent_manifest = _check_paths(src, out, force)
     has_tokenizer, texts, eval_texts = _texts(src, cfg, calibration, eval_text)
-    if cfg.kv_dtype == "int8":  # before any work: the graph's attention can hold an int8 cache
-        kv_cache.check_attention(_bare_graph(src / parent_manifest.graph_file), parent_manifest)
+    _check_kv_attention(src, parent_manifest, cfg)
     t0 = time.perf_counter()
     parent = load(src, "cpu")
     reuse = shared.get(cfg) if shared is not None else None
@@ -122,6 +119,8 @@ def _readings(
     )
     kv_peak = None
     if cfg.kv_dtype == "int8":
+        from . import kv_cache
+
         say(f"KV cache: calibrating int8 scales over {len(windows)} windows")
         kv_peak = kv_cache.calibrate(parent, windows)
     return reader, held_out, windows, kv_peak
@@ -163,6 +162,8 @@ def _weights(
     """The graph with its weights converted (float16) or quantized (the mode's pass), the
     selection of the nodes it changed, and the vocabulary's record."""
     if cfg.mode == "float16":
+        from . import half
+
         say("converting the graph to float16")
         half_kv = [s.name for s in parent.pasts if s.is_kv] if cfg.kv_dtype == "float16" else []
         quantized, converted = half.float16(model, half_kv=half_kv)
@@ -184,6 +185,8 @@ def _kv_buffers(manifest: Manifest, cfg: QuantConfig, quantized: Any, kv_peak: A
         manifest.inputs = [dataclasses.replace(s, dtype="float16") if s.is_kv else s for s in manifest.inputs]
         manifest.outputs = [dataclasses.replace(s, dtype="float16") if s.is_kv else s for s in manifest.outputs]
     if cfg.kv_dtype == "int8":
+        from . import kv_cache
+
         assert manifest.quantization is not None
         scales = kv_cache.scales(manifest, kv_peak, quantized.graph)
         nodes = kv_cache.quantize_kv(quantized.graph, manifest, scales)
@@ -223,12 +226,6 @@ def _check_paths(src: Path, out: Path, force: bool) -> Manifest:
     return manifest
 
 
-NO_REPORT = (
-    "the model directory has no tokenizer.json, so there is no held-out text to measure; "
-    "copy the checkpoint's tokenizer.json into it for a quality report"
-)
-
-
 def _check_without_tokenizer(
     src: Path, cfg: QuantConfig, calibration: Sequence[str | Path], eval_text: str | Path | None
 ) -> None:
@@ -251,25 +248,6 @@ def _check_without_tokenizer(
         )
 
 
-def read_inputs(
-    cfg: QuantConfig, calibration: Sequence[str | Path], eval_text: str | Path | None
-) -> tuple[list[str], list[str]]:
-    """Calibration texts and evaluation texts, checked before any work is done."""
-    texts = read_texts(calibration)
-    if calibration and not texts:
-        raise QuantizationError(f"the calibration files hold no text: {', '.join(map(str, calibration))}")
-    if cfg.needs_text and not texts:
-        label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
-        what = label if cfg.needs_calibration else "--kv-dtype int8 (its scales)"
-        raise QuantizationError(f"{what} needs calibration text: pass --calibration FILE")
-    eval_texts = read_texts([eval_text]) if eval_text is not None else []
-    if eval_text is not None and not eval_texts:
-        raise QuantizationError(f"the evaluation text {eval_text} is empty")
-    if not eval_texts and not texts:
-        raise QuantizationError("the quality report needs held-out text: pass --eval-text FILE or --calibration FILE")
-    return texts, eval_texts
-
-
 def _calibrate(
     parent: Any, cfg: QuantConfig, texts: list[str], eval_texts: list[str], say: Callable[[str], None], weights: bool
 ) -> tuple[CalibrationReader | None, str, list[Any]]:
@@ -286,6 +264,14 @@ def _calibrate(
     if len(parent.tokenizer.encode(held_out, add_special_tokens=False).ids) < 2:
         raise QuantizationError("no held-out text is left after calibration; pass --eval-text or lower --samples")
     return reader, held_out, windows
+
+
+def _check_kv_attention(src: Path, manifest: Manifest, cfg: QuantConfig) -> None:
+    """Before any work: with an int8 KV cache, the graph's attention can hold one."""
+    if cfg.kv_dtype == "int8":
+        from . import kv_cache
+
+        kv_cache.check_attention(_bare_graph(src / manifest.graph_file), manifest)
 
 
 def _bare_graph(path: Path) -> Any:

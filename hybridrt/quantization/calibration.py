@@ -20,7 +20,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
@@ -30,7 +30,14 @@ from ..graphs.feeds import graph_feeds, zero_states
 from ..graphs.manifest import Manifest
 from ..runtime.input_checks import read_utf8
 
+if TYPE_CHECKING:
+    from .modes import QuantConfig
+
 Feed = dict[str, np.ndarray]
+NO_REPORT = (
+    "the model directory has no tokenizer.json, so there is no held-out text to measure; "
+    "copy the checkpoint's tokenizer.json into it for a quality report"
+)
 
 
 def read_texts(paths: Sequence[str | Path]) -> list[str]:
@@ -43,6 +50,25 @@ def read_texts(paths: Sequence[str | Path]) -> list[str]:
         elif raw.strip():
             texts.append(raw)
     return [t for t in texts if t.strip()]
+
+
+def read_inputs(
+    cfg: QuantConfig, calibration: Sequence[str | Path], eval_text: str | Path | None
+) -> tuple[list[str], list[str]]:
+    """Calibration texts and evaluation texts, checked before any work is done."""
+    texts = read_texts(calibration)
+    if calibration and not texts:
+        raise QuantizationError(f"the calibration files hold no text: {', '.join(map(str, calibration))}")
+    if cfg.needs_text and not texts:
+        label = f"{cfg.mode} {cfg.resolved_algo}" if cfg.weight_only else cfg.mode
+        what = label if cfg.needs_calibration else "--kv-dtype int8 (its scales)"
+        raise QuantizationError(f"{what} needs calibration text: pass --calibration FILE")
+    eval_texts = read_texts([eval_text]) if eval_text is not None else []
+    if eval_text is not None and not eval_texts:
+        raise QuantizationError(f"the evaluation text {eval_text} is empty")
+    if not eval_texts and not texts:
+        raise QuantizationError("the quality report needs held-out text: pass --eval-text FILE or --calibration FILE")
+    return texts, eval_texts
 
 
 def _jsonl_texts(path: Path, raw: str) -> Iterator[str]:

@@ -112,9 +112,8 @@ def _finish_export(
     manifest returned (once, with its own fields); this only measures."""
     from ..graphs.manifest import Manifest
     from ..runtime import load
-    from .api import NO_REPORT, read_inputs
-    from .calibration import head
-    from .record import quantized_manifest
+    from .calibration import NO_REPORT, head, read_inputs
+    from .graph_pass import quantized_manifest
     from .report import check_gates, quality_report
 
     if not quantizer.selection.quantize and not quantizer.selection.vocab:

@@ -6,6 +6,10 @@ neither reaches into the other. The pass runs the mode's quantizer (methods.py, 
 quantizers, with rewrites.py's hybridrt rewrites around them) over the selected linear layers,
 the experts as QMoE, then the embedding and LM head block-wise (vocab.py), and records what it
 did to the vocabulary.
+
+Both also describe the result the same way: the `quantization` record of the quantized
+directory's manifest (quantized_manifest: what was done, from which parent, with which
+calibration) and the graph's sizes against the parent's (graph_sizes).
 """
 
 from __future__ import annotations
@@ -13,10 +17,13 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._version import __version__
 from ..errors import QuantizationError
+from ..graphs.manifest import Manifest
 from . import methods, rewrites
 from .modes import INT8_BLOCK, SEARCHED, WEIGHT_BITS, QuantConfig
 from .moe import moe_nodes, quantize_moe
@@ -111,3 +118,52 @@ def _int8_static(
         rewrites.fold_biases(model.graph)
         model = rewrites.set_accuracy_level(model, cfg.accuracy_level)
     return model
+
+
+def quantized_manifest(
+    parent: Manifest,
+    src: Path,
+    cfg: QuantConfig,
+    selection: NodeSelection,
+    feeds: int,
+    evaluation: dict[str, Any],
+) -> Manifest:
+    import onnxruntime
+
+    manifest = Manifest.from_dict(parent.to_dict())
+    manifest.parity = {}  # the parent's export parity describes the float graph, kept below
+    manifest.quantization = {
+        "mode": cfg.mode,
+        "kv_dtype": cfg.kv_dtype,
+        "algo": cfg.resolved_algo,
+        "block_size": cfg.block_size if cfg.weight_only else None,
+        "symmetric": cfg.symmetric if cfg.weight_only else None,
+        "calib_method": cfg.calib_method if cfg.mode == "int8-static" else None,
+        "weight_bits": WEIGHT_BITS[cfg.mode],
+        "quantized_nodes": selection.quantize + selection.vocab,
+        "float_activations": selection.float_activations if cfg.mode == "int8-static" else None,
+        "excluded": selection.excluded,
+        "keep_float_patterns": selection.patterns,
+        "include_patterns": list(cfg.include),
+        "calibration": {
+            "feeds": feeds,
+            "samples": cfg.samples,
+            "seq_len": cfg.seq_len,
+            "decode_steps": cfg.decode_steps,
+        },
+        "eval_text": evaluation,
+        "parent": {"path": str(src.resolve()), "files": parent.files, "parity": parent.parity},
+        "onnxruntime": onnxruntime.__version__,
+        "hybridrt": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "report": None,
+    }
+    return manifest
+
+
+def graph_sizes(src: Path, out: Path, graph_file: str) -> dict[str, Any]:
+    def graph_bytes(d: Path) -> int:
+        return sum(p.stat().st_size for p in d.iterdir() if p.name.startswith(graph_file))
+
+    parent, quantized = graph_bytes(src), graph_bytes(out)
+    return {"parent_bytes": parent, "bytes": quantized, "ratio": quantized / parent}

@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..config import refuse_unknown
 from ..errors import QuantizationError
+from ..runtime.input_checks import refuse_unknown
 
 MODES = {
     "int8-static": "int8 weights (per channel) and activations in QDQ format, ranges calibrated on text",

@@ -8,7 +8,7 @@ call n reads set n mod R and writes set n+1 mod R. A decode step binds only inpu
 past_lengths and logit_positions; its logits land in one preallocated host buffer [b, 1, V].
 
 With ring=1 (no rewinds, what generation and serving use) the states the manifest lists as
-`in_place` (graphs/in_place.py: LinearAttention's and CausalConvWithState's) are, on the CPU,
+`in_place` (graphs/manifest.py, in_place_states: LinearAttention's and CausalConvWithState's) are, on the CPU,
 one buffer that every set shares, bound as both past and present like KV: onnxruntime then
 neither copies a state into a second buffer nor moves it through memory twice per step
 (granite-h-350m: 22 MB of SSM state a token). The other fixed states alternate between two sets.
@@ -107,7 +107,7 @@ class BoundStepper(Stepper):
 
         # A state in place is one buffer that every set shares (bound as past and present): only
         # without rewinds, and on the CPU, whose kernels were measured reading and writing one
-        # buffer (graphs/in_place.py).
+        # buffer (graphs.manifest.in_place_states).
         in_place = set(self.manifest.in_place) if self.ring == 1 and self.on_host else set()
         shared = [s.name in in_place for s in self.fixed]
         self._kv_pool = [pool(x) for x in kv]

@@ -13,7 +13,7 @@ from .prefix_cache import StateCache
 from .sampling import GenerationConfig
 from .speculative import Draft, Source, check_draft, speculate
 from .state import Stepper
-from .streaming import Output, TextStream, deadline_after, until
+from .streaming import Output, TextStream
 from .text import Prompts, need_tokenizer, stop_check
 
 
@@ -81,10 +81,10 @@ class ChatSession:
     def generate_with_stats(
         self, prompt: Any, assistant_model: Conversant | None = None, timeout: float | None = None, **kwargs: Any
     ) -> tuple[Output, dec.GenerationStats]:
-        deadline = deadline_after(timeout)
+        deadline = dec.deadline_after(timeout)
         cfg, prompts = self._prepare(prompt, kwargs)
         stats = dec.GenerationStats()
-        for _ in until(self._steps(prompts, cfg, stats, assistant_model), deadline, stats):
+        for _ in dec.until(self._steps(prompts, cfg, stats, assistant_model), deadline, stats):
             pass
         return self.model._format(prompts, stats.tokens), stats
 
@@ -92,11 +92,11 @@ class ChatSession:
         self, prompt: Any, assistant_model: Conversant | None = None, timeout: float | None = None, **kwargs: Any
     ) -> TextStream:
         """As Model.stream, continuing the conversation."""
-        deadline = deadline_after(timeout)
+        deadline = dec.deadline_after(timeout)
         cfg, prompts = self._prepare(prompt, kwargs)
         need_tokenizer(self.model.tokenizer)
         stats = dec.GenerationStats()
-        steps = until(self._steps(prompts, cfg, stats, assistant_model), deadline, stats)
+        steps = dec.until(self._steps(prompts, cfg, stats, assistant_model), deadline, stats)
         return TextStream(self.model._pieces(steps, stats), stats)
 
     def _prepare(self, prompt: Any, kwargs: dict[str, Any]) -> tuple[GenerationConfig, Prompts]:

@@ -1,4 +1,5 @@
-"""The decode loop: prefill once, then one token per step from the carried states.
+"""The decode loop: prefill once, then one token per step from the carried states; and the
+time limit of a generation (timeout=: deadline_after, until).
 
 Shapes: b = batch rows, l = prompt length, V = vocabulary size.
 """
@@ -8,9 +9,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from ..errors import GenerationError, GenerationTimeout
 from .prefix_cache import StateCache
 from .prefix_plan import chunk_end
 from .sampling import GenerationConfig, Tally, sample
@@ -199,3 +202,30 @@ def _record(
         if stop is not None and not finished[r] and stop(out[r]):
             finished[r] = True
     return live & ~finished
+
+
+def deadline_after(timeout: float | None) -> float | None:
+    """The monotonic time a call with `timeout` seconds must stop by (None: no limit)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise GenerationError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    return time.monotonic() + float(timeout)
+
+
+def until(steps: Iterator[Any], deadline: float | None, stats: GenerationStats) -> Iterator[Any]:
+    """`steps` until `deadline`: after the step that passes it, the steps are closed (their
+    loop's cleanup runs: a session's states stay consistent) and GenerationTimeout is raised."""
+    if deadline is None:
+        yield from steps
+        return
+    close = getattr(steps, "close", lambda: None)  # a generator's: its loop's cleanup runs now
+    try:
+        for item in steps:
+            yield item
+            if time.monotonic() > deadline:
+                close()
+                n = sum(len(t) for t in stats.tokens)
+                raise GenerationTimeout(f"generation passed its timeout after {n} new tokens", stats)
+    finally:
+        close()

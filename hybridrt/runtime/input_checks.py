@@ -2,22 +2,25 @@
 
 One rule per GenerationConfig field (a bool is not an int, NaN and inf are not numbers a
 caller means, sequences are checked element by element) and the prompt-side checks that
-need the model: text the tokenizer cannot take, and a batch whose states and logits would
-not fit in the memory limit. Every failure is a GenerationError that names the parameter,
-the value and what is allowed.
+need the model: text the tokenizer cannot take, a batch whose states and logits would not
+fit in the memory limit, rows within the model's length and vocabulary (check_rows_fit), and
+a prefix state cache a call may resume from (check_cache_use). Every failure is a
+GenerationError that names the parameter, the value and what is allowed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import GenerationError, HybridrtError
+from ..graphs.files import as_path, encodable, shown
 
 # Default ceiling of one generation's estimated memory (states, KV at full length, logits);
 # $HYBRIDRT_MAX_GENERATION_BYTES overrides it.
@@ -43,37 +46,32 @@ def early_stopping_never(value: object) -> bool:
     return isinstance(value, str) and value == "never"
 
 
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _int(name: str, value: object, low: int, what: str) -> str | None:
     if is_int(value) and value >= low:  # type: ignore[operator]
         return None
-    return f"{name} must be an integer >= {low}{what}, got {_show(value)}"
+    return f"{name} must be an integer >= {low}{what}, got {shown(value)}"
 
 
 def _real(name: str, value: Any, ok: Callable[[float], bool], allowed: str) -> str | None:
     if is_real(value) and ok(float(value)):
         return None
-    return f"{name} must be a finite number {allowed}, got {_show(value)}"
+    return f"{name} must be a finite number {allowed}, got {shown(value)}"
 
 
 def _token_ids(name: str, value: object) -> str | None:
     ids = [value] if is_int(value) else value
     if isinstance(ids, Sequence) and not isinstance(ids, str | bytes) and all(is_int(e) and e >= 0 for e in ids):
         return None
-    return f"{name} must be a token id (integer >= 0) or a list of them, got {_show(value)}"
+    return f"{name} must be a token id (integer >= 0) or a list of them, got {shown(value)}"
 
 
 def _strings(name: str, value: object) -> str | None:
     items = [value] if isinstance(value, str) else value
     if isinstance(items, Sequence) and not isinstance(items, bytes) and all(isinstance(s, str) and s for s in items):
-        if all(_encodable(s) for s in items):
+        if all(encodable(s) for s in items):
             return None
-        return f"{name} must be valid Unicode text (no lone surrogates), got {_show(value)}"
-    return f"{name} must be a non-empty string or a list of them, got {_show(value)}"
+        return f"{name} must be valid Unicode text (no lone surrogates), got {shown(value)}"
+    return f"{name} must be a non-empty string or a list of them, got {shown(value)}"
 
 
 def config_errors(cfg: Any) -> list[str]:
@@ -83,10 +81,10 @@ def config_errors(cfg: Any) -> list[str]:
         _int("min_new_tokens", cfg.min_new_tokens, 0, ""),
         None
         if cfg.do_sample is None or isinstance(cfg.do_sample, bool | np.bool_)
-        else f"do_sample must be True, False or None, got {_show(cfg.do_sample)}",
+        else f"do_sample must be True, False or None, got {shown(cfg.do_sample)}",
         None
         if cfg.add_bos_token is None or isinstance(cfg.add_bos_token, bool | np.bool_)
-        else f"add_bos_token must be True, False or None, got {_show(cfg.add_bos_token)}",
+        else f"add_bos_token must be True, False or None, got {shown(cfg.add_bos_token)}",
         None if cfg.top_k is None else _int("top_k", cfg.top_k, 0, " (0 = off)"),
         None if cfg.top_p is None else _real("top_p", cfg.top_p, lambda p: 0 < p <= 1, "in (0, 1]"),
         _real(
@@ -104,7 +102,7 @@ def config_errors(cfg: Any) -> list[str]:
         None
         if cfg.num_assistant_tokens_schedule in SCHEDULES
         else f"num_assistant_tokens_schedule must be one of {', '.join(map(repr, SCHEDULES))}, "
-        f"got {_show(cfg.num_assistant_tokens_schedule)}",
+        f"got {shown(cfg.num_assistant_tokens_schedule)}",
         _int("num_beams", cfg.num_beams, 1, " (1 = no beam search)"),
         _real(
             "length_penalty",
@@ -114,7 +112,7 @@ def config_errors(cfg: Any) -> list[str]:
         ),
         None
         if isinstance(cfg.early_stopping, bool | np.bool_) or early_stopping_never(cfg.early_stopping)
-        else f'early_stopping must be True, False or "never", got {_show(cfg.early_stopping)}',
+        else f'early_stopping must be True, False or "never", got {shown(cfg.early_stopping)}',
         _int("num_return_sequences", cfg.num_return_sequences, 1, ""),
     ]
     if cfg.temperature is not None:
@@ -167,12 +165,13 @@ def check_config(cfg: Any) -> None:
         raise GenerationError("; ".join(errors))
 
 
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+def refuse_unknown(cls: type, given: Iterable[str], error: Callable[[str], Exception], what: str) -> None:
+    """Raises `error` naming those of `given` that are not fields of the dataclass `cls`, and the
+    known ones (the option dataclasses' from_kwargs: GenerationConfig's, QuantConfig's)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(given) - names)
+    if unknown:
+        raise error(f"unknown {what} {', '.join(unknown)}; known: {', '.join(sorted(names))}")
 
 
 def check_text(texts: Sequence[str]) -> None:
@@ -236,11 +235,34 @@ def check_memory(manifest: Any, batch: int, length: int) -> None:
         )
 
 
-def as_path(value: object, what: str, error: type[HybridrtError] = GenerationError) -> Path:
-    """A str or os.PathLike argument as a Path; `error` naming `what` for anything else."""
-    if isinstance(value, str | os.PathLike) and str(value) and _encodable(str(value)):
-        return Path(value)
-    raise error(f"{what} must be a path (a non-empty str or pathlib.Path), got {_show(value)}")
+def check_rows_fit(manifest: Any, rows: Sequence[Sequence[int]], cfg: Any, past: int = 0, memory: bool = True) -> None:
+    """GenerationError unless rows (after `past` tokens) and cfg.max_new_tokens (a
+    GenerationConfig's) fit the model: its max length, its vocabulary (EOS ids) and (with
+    `memory`) the batch memory limit."""
+    longest = past + max(len(r) for r in rows)
+    if longest + cfg.max_new_tokens > manifest.max_length:
+        raise GenerationError(
+            f"prompt of {longest} tokens + max_new_tokens {cfg.max_new_tokens} exceeds the model's max length "
+            f"{manifest.max_length}; shorten the prompt or lower max_new_tokens"
+        )
+    check_eos_ids(cfg.eos_ids(()), manifest.vocab_size)
+    if memory:
+        check_memory(manifest, len(rows) * cfg.num_beams, longest + cfg.max_new_tokens)
+
+
+def check_cache_use(made_for_model: bool, prompts: Any, cfg: Any, assistant: bool) -> None:
+    """GenerationError unless the cache is a StateCache made for this model (`made_for_model`)
+    and the call can resume from it: one prompt (text.Prompts, or None), no beams, no draft."""
+    if not made_for_model:
+        raise GenerationError("cache= takes a StateCache made for this model: model.state_cache()")
+    if prompts is not None and not prompts.single:
+        raise GenerationError("cache= takes one prompt; generate a batch without it, or one prompt at a time")
+    if cfg is not None and cfg.num_beams > 1:
+        raise GenerationError("beam search does not resume from a prefix state cache: drop cache= or num_beams")
+    if assistant:
+        raise GenerationError(
+            "speculative decoding does not resume from a prefix state cache: drop cache= or assistant_model"
+        )
 
 
 def as_paths(value: object, what: str, error: type[HybridrtError] = GenerationError) -> list[Path]:
@@ -249,7 +271,7 @@ def as_paths(value: object, what: str, error: type[HybridrtError] = GenerationEr
         return [as_path(value, what, error)]
     if isinstance(value, list | tuple):
         return [as_path(v, what, error) for v in value]
-    raise error(f"{what} must be a path or a list of paths, got {_show(value)}")
+    raise error(f"{what} must be a path or a list of paths, got {shown(value)}")
 
 
 def read_utf8(path: Path, what: str, error: type[HybridrtError] = GenerationError, hint: str = "") -> str:

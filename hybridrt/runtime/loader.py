@@ -7,12 +7,12 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..default_model import is_default, model_dir
+from ..default_model import DEFAULT_NAME, model_dir
 from ..errors import GraphError, ProviderError
 from ..graphs.compat import for_graph_capture, for_onnxruntime_131, needs_query_seqlens
 from ..graphs.contract import TensorSpec, present_name
+from ..graphs.files import as_path
 from ..graphs.manifest import MANIFEST, Manifest, read_manifest, verify_files
-from .input_checks import as_path
 from .model import Model
 from .providers import CPU, CUDA, ProviderRequest, ProviderSelection, device_of, select_providers, threads_from_env
 from .text import load_tokenizer
@@ -137,7 +137,7 @@ def _model(directory: Path, manifest: Manifest, session: Any, io_binding: bool) 
 def _directory(path: str | Path, manifest: Manifest | None, verify: bool) -> tuple[Path, Manifest, Path]:
     """The exported directory, its manifest and its graph file, checked (and its files' checksums
     with `verify`)."""
-    directory = model_dir(path) if is_default(path) else as_path(path, "the model directory", GraphError)
+    directory = model_dir(path) if str(path) == DEFAULT_NAME else as_path(path, "the model directory", GraphError)
     manifest = read_manifest(directory) if manifest is None else manifest
     if manifest.format != "onnx":
         raise GraphError(f"{directory} holds a {manifest.format} graph; the runtime runs ONNX (export --format onnx)")

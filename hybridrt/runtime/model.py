@@ -10,21 +10,19 @@ from typing import Any
 import numpy as np
 
 from ..errors import GenerationError
-from ..graphs.generation import merge
-from ..graphs.manifest import Manifest
+from ..graphs.manifest import Manifest, merge
 from . import decode as dec
 from .beam import beam_search
 from .bound import BoundStepper
 from .chat_session import ChatSession
 from .evaluate import evaluate
-from .fits import check_cache_use, check_rows_fit
-from .input_checks import rows_that_fit
+from .input_checks import check_cache_use, check_rows_fit, rows_that_fit
 from .prefix_cache import StateCache
 from .sampling import GenerationConfig
 from .speculative import Draft, check_draft, speculate
 from .state import StepOptions, Stepper
 from .state_files import identity
-from .streaming import Output, TextStream, deadline_after, text_pieces, until
+from .streaming import Output, TextStream, text_pieces
 from .text import Prompts, as_prompts, decode, need_tokenizer, stop_check
 
 BEAMS_NEED_GENERATE = "beam search needs the whole sequence before it answers; use generate()"
@@ -122,7 +120,7 @@ class Model:
         **kwargs: Any,
     ) -> tuple[Output, dec.GenerationStats]:
         """As generate, with what the generation did: token counts and timings."""
-        deadline = deadline_after(timeout)
+        deadline = dec.deadline_after(timeout)
         cfg = self.generation_config(**kwargs)
         prompts = self.prompt_rows(prompt, cfg)
         fit = rows_that_fit(self.manifest, max(len(r) for r in prompts.rows) + cfg.max_new_tokens) // cfg.num_beams
@@ -140,7 +138,7 @@ class Model:
             runs = []
             for row in prompts.rows:
                 runs.append(dec.GenerationStats())
-                for _ in until(self._speculative(draft, row, cfg, runs[-1]), deadline, runs[-1]):
+                for _ in dec.until(self._speculative(draft, row, cfg, runs[-1]), deadline, runs[-1]):
                     pass
             stats = dec.GenerationStats.combine(runs)
             return self._format(prompts, stats.tokens), stats
@@ -156,7 +154,7 @@ class Model:
             tokens = beam_search(stepper, prompts.rows, cfg, eos, stats)
             return self._format(prompts, tokens, cfg.num_return_sequences), stats
         stepper = self.stepper(len(prompts.rows), capacity)
-        for _ in until(self._steps(stepper, prompts.rows, cfg, stats, cache=cache), deadline, stats):
+        for _ in dec.until(self._steps(stepper, prompts.rows, cfg, stats, cache=cache), deadline, stats):
             pass
         return self._format(prompts, stats.tokens), stats
 
@@ -174,7 +172,7 @@ class Model:
                 stepper = self.stepper(len(part) * cfg.num_beams, capacity)
                 tokens += beam_search(stepper, part, cfg, cfg.eos_ids(self.eos_token_ids), stats)
             else:
-                for _ in until(self._steps(self.stepper(len(part), capacity), part, cfg, stats), deadline, stats):
+                for _ in dec.until(self._steps(self.stepper(len(part), capacity), part, cfg, stats), deadline, stats):
                     pass
                 tokens += stats.tokens
             runs.append(stats)
@@ -192,7 +190,7 @@ class Model:
         """Text pieces of one prompt's continuation, as they are generated (see TextStream);
         `cache` and `timeout` as generate's (the timeout raised by the iteration). Closing the
         stream stops the generation: nothing more is computed."""
-        deadline = deadline_after(timeout)
+        deadline = dec.deadline_after(timeout)
         cfg = self.generation_config(**kwargs)
         if cfg.num_beams > 1:
             raise GenerationError(BEAMS_NEED_GENERATE)
@@ -209,7 +207,7 @@ class Model:
         else:
             stepper = self.stepper(1, self._capacity_for(prompts.rows, cfg))
             steps = self._steps(stepper, prompts.rows, cfg, stats, cache=cache)
-        return TextStream(self._pieces(until(steps, deadline, stats), stats), stats)
+        return TextStream(self._pieces(dec.until(steps, deadline, stats), stats), stats)
 
     def session(self, cache: StateCache | None = None) -> ChatSession:
         """A conversation whose states carry over from one generate() call to the next; with a
@@ -248,8 +246,8 @@ class Model:
         cfg: GenerationConfig | None = None,
         assistant: Model | None = None,
     ) -> None:
-        owner = identity(self.manifest, self.path)
-        check_cache_use(cache, owner, prompts, cfg, assistant is not None)
+        made_for_model = isinstance(cache, StateCache) and cache.owner == identity(self.manifest, self.path)
+        check_cache_use(made_for_model, prompts, cfg, assistant is not None)
 
     def evaluate(
         self, text: str, window: int | None = None, stride: int | None = None, progress: Any = None

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config import refuse_unknown
 from ..errors import GenerationError
+from .input_checks import refuse_unknown
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,12 @@
-"""Streams of text pieces, and the time limit of a generation (timeout=)."""
+"""Streams of text pieces (the time limit of a generation, timeout=, is decode.until's)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from ..errors import GenerationError, GenerationTimeout
 from . import decode as dec
 from .text import StreamDecoder
 
@@ -46,30 +44,3 @@ def text_pieces(tokenizer: Any, steps: Iterator[np.ndarray], stats: dec.Generati
     tail = stream.flush()
     if tail:
         yield tail
-
-
-def deadline_after(timeout: float | None) -> float | None:
-    """The monotonic time a call with `timeout` seconds must stop by (None: no limit)."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
-        raise GenerationError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    return time.monotonic() + float(timeout)
-
-
-def until(steps: Iterator[Any], deadline: float | None, stats: dec.GenerationStats) -> Iterator[Any]:
-    """`steps` until `deadline`: after the step that passes it, the steps are closed (their
-    loop's cleanup runs: a session's states stay consistent) and GenerationTimeout is raised."""
-    if deadline is None:
-        yield from steps
-        return
-    close = getattr(steps, "close", lambda: None)  # a generator's: its loop's cleanup runs now
-    try:
-        for item in steps:
-            yield item
-            if time.monotonic() > deadline:
-                close()
-                n = sum(len(t) for t in stats.tokens)
-                raise GenerationTimeout(f"generation passed its timeout after {n} new tokens", stats)
-    finally:
-        close()
