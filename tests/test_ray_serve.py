@@ -192,11 +192,31 @@ def two_hosts() -> Iterator[str]:
         subprocess.run(node, check=True, capture_output=True, env=env, timeout=120)
         yield head
     finally:
-        subprocess.run([*inside, *ray, "stop", "--force"], capture_output=True, env=env, timeout=120)
-        subprocess.run([*ray, "stop", "--force"], capture_output=True, env=env, timeout=120)
+        _stop_cluster(tag, temp)
         subprocess.run(["ip", "link", "del", f"{tag}a"], capture_output=True, timeout=30)
         subprocess.run(["ip", "netns", "del", tag], capture_output=True, timeout=30)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def _stop_cluster(tag: str, temp: Path) -> None:
+    """Stop two_hosts' processes only: `ray stop` stops every Ray process on the machine, the
+    local cluster of a test running beside it on another worker included. The worker node's are
+    those in its namespace, the head's those whose command line names its temp dir."""
+    listed = subprocess.run(["ip", "netns", "pids", tag], capture_output=True, text=True, timeout=30).stdout
+    pids = {int(p) for p in listed.split()}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and str(temp) in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                pids.add(int(entry.name))
+        except OSError:  # gone meanwhile
+            pass
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in pids):
+            time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
