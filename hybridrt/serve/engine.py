@@ -214,8 +214,9 @@ class Engine:
 
     def _prefill(self, req: Request) -> None:
         assert self.prompts is not None
-        others = [r.prompt for r in [*self.waiting, *self.prefilling] if r is not req]
-        done = self.prompts.prefill(req, lambda: others, alone=not self.running)
+        done = self.prompts.prefill(
+            req, lambda: [r.prompt for r in [*self.waiting, *self.prefilling] if r is not req], not self.running
+        )
         if done is not None:
             # The first token goes out before the prompt's states are copied into the cache: its
             # rows (now the decode batch, or copied into it) hold them until the next decode step.
