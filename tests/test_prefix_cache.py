@@ -231,10 +231,13 @@ def test_checkpoints_inside_a_prompt_follow_its_length(jamba_onnx: Path, llama_o
     assert marks == [*range(256, 4096, 256), 4096 - TAIL, 4096]
     assert cache.plan(list(range(3, 4099)), 3900) == [4096 - TAIL, 4096]  # 196 new tokens: tail and end
     assert jamba.state_cache(spacing=256).plan(list(range(3, 900)), 100) == [256, 512, 768, 897 - TAIL, 897]
-    # Not within a quarter spacing after the start (512: 12 past 500) or before the tail (768).
-    assert cache.plan(list(range(3, 703)), 500) == [700 - TAIL, 700]
-    assert cache.plan(list(range(3, 793)), 600) == [790 - TAIL, 790]
-    assert cache.plan(list(range(3, 903)), 600) == [768, 900 - TAIL, 900]
+    # Not within a quarter spacing after the start (512: 12 past 500) or before the tail (1024).
+    assert cache.plan(list(range(3, 1103)), 500) == [768, 1024, 1100 - TAIL, 1100]
+    assert cache.plan(list(range(3, 1073)), 500) == [768, 1070 - TAIL, 1070]
+    # A conversation's turn (fewer new tokens than two spacings) is not split by one: its tail
+    # and end only, where a checkpoint at 768 would have cost a call.
+    assert cache.plan(list(range(3, 903)), 600) == [900 - TAIL, 900]
+    assert cache.plan(list(range(3, 1115)), 600) == [768, 1024, 1112 - TAIL, 1112]  # 512 new tokens
     # A call takes a few tokens more rather than leave them to a call of their own.
     assert chunk_end(0, 128, 150, [146, 150]) == 146 and chunk_end(146, 128, 150, [146, 150]) == 150
     assert chunk_end(0, 128, 170, [166, 170]) == 128 and chunk_end(0, 128, 400, [256]) == 128

@@ -5,10 +5,13 @@ only resume from a state stored at or before the first token where it differs fr
 seen. States are therefore stored at checkpoints (`marks`):
 
 - every `spacing` tokens of a long prompt (positions that are multiples of it, so prompts of
-  different lengths that share a prefix share those checkpoints; see `spacing_for`), except
-  within a quarter spacing after where the prefill starts or before its tail checkpoint: one
-  there saves less than that over its neighbour, and costs a copy and a prefill call of its
-  own (a call costs about a decode step's time besides its tokens);
+  different lengths that share a prefix share those checkpoints; see `spacing_for`), in a
+  prefill of at least two spacings' new tokens, and not within a quarter spacing after where
+  the prefill starts or before its tail checkpoint. A shorter prefill is one call or two
+  (a conversation's turn: a few hundred tokens after a cached history); a checkpoint inside it
+  would split a call (a call costs about a decode step's time besides its tokens: 35-45 ms a
+  turn, with the copy, on granite-h-350m) to save at most a spacing's prefill for a request
+  that parts inside this one turn's new tokens, which resumes from its start instead;
 - where a prompt parts from something already stored or from another queued prompt (a shared
   system prompt gets one exact checkpoint at its end, the first time a second request shows
   it), unless that is within MIN_BRANCH tokens of where the prefill starts;
@@ -83,7 +86,7 @@ def marks(
     if end - TAIL > start:
         found.add(end - TAIL)
     every = spacing_for(end - start, state_bytes, seconds_per_token) if spacing is None else spacing
-    if every:  # not within a quarter spacing of the start or the tail (see the module docstring)
+    if every and end - start >= 2 * every:  # not within a quarter spacing of the start or the tail
         near, first = every // 4, (start // every + 1) * every
         found.update(m for m in range(first, end, every) if start + near <= m <= end - TAIL - near)
     found.update(a for a in branches if start + MIN_BRANCH <= a < end)
