@@ -17,10 +17,10 @@ With an assistant (draft) model, a lone request decodes in speculative rounds (s
 The decode batch and each prefilling request's states are runtime state batches
 (`Model.stepper`): bound on the model's device, so `--provider cuda` keeps every state on
 the GPU between steps; rows join (`extend`) and leave (`reorder`) between steps. A batch
-whose last row left is kept: the next request prefills in its buffers, and one that continues
-what that row has seen (a chat's next turn) continues in it (serve.prefill.Prompts.park); idle
-turns store its states and ready memory for checkpoints (Prompts.tidy); after `idle_release_s`
-without work its memory is given back. Per-request state: serve.request.
+whose last row left is kept for the next request: one that continues what that row has seen
+(a chat's next turn) continues in it, one straight after that does not prefills in a second
+kept batch (serve.prefill.Prompts.park); idle turns store its states and ready memory for
+checkpoints (Prompts.tidy); after `idle_release_s` its memory goes back. Requests: serve.request.
 """
 
 from __future__ import annotations

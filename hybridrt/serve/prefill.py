@@ -97,22 +97,35 @@ class Prompts:
         # buffers instead of allocating and zeroing new ones, and joins as the batch with its
         # slots' room already reserved. `idle_seen`: the tokens its row 0 has seen, when they are
         # not stored in the cache yet (a reply's end): a prompt that continues them continues
-        # in that row, with nothing copied; any other stores them first.
+        # in that row, with nothing copied; any other prefills in the spare (below) or stores
+        # them first.
         self.idle: Stepper | None = None
         self.idle_seen: list[int] | None = None
         self.idle_stored = False  # idle_seen's states are in the cache already (tidy)
+        # A second kept batch whose row holds nothing to store: a request that comes straight
+        # after a reply (an agent's next step, a conversation resent as text) prefills in it,
+        # and the kept row is stored after that request's first token, not before its prefill.
+        self.spare: Stepper | None = None
         self.held: list[np.ndarray] | None = None  # a prompt's fixed states before its last call
 
     def park(self, batch: Stepper, seen: list[int] | None = None) -> None:
-        """Keep the emptied decode batch for the next request; `seen`: what its one row holds."""
-        self._store_idle()
+        """Keep the emptied decode batch for the next request; `seen`: what its one row holds.
+        The batch kept before (its row stored first, if it was not) becomes the spare."""
+        if self.idle is not None:
+            self._store_idle()
+            self.spare = self.idle
         self.idle, self.idle_seen, self.idle_stored = batch, seen, False
 
     def release_idle(self) -> None:
-        """Give the kept batch's buffers back (the server has been idle a while); what its row
-        has seen goes to the cache first."""
+        """Give the kept batches' buffers back (the server has been idle a while); what the
+        kept row has seen goes to the cache first."""
         self._store_idle()
-        self.idle = None
+        self.idle = self.spare = None
+
+    def store_kept(self) -> None:
+        """A request's first token is out: the kept row it did not prefill in goes to the cache
+        (the row stays kept, as after tidy)."""
+        self._store_idle(keep=True)
 
     def wait_idle(self, cond: threading.Condition, release_s: float) -> None:
         """One wait of the engine without work (`cond` held; notified when a request comes):
@@ -205,6 +218,7 @@ class Prompts:
                 self.cache.put(req.prompt[:held], rows.row_at(0, held, self.held, self.cache.blocks))
             if at_end:
                 self.cache.put(req.prompt, rows.row(0, self.cache.blocks), logits)
+            self.store_kept()
 
         return logits, store
 
@@ -212,9 +226,9 @@ class Prompts:
         """req's own states, made on first use (from the cached state it resumes from, if any)."""
         if req.rows is None:
             capacity = len(req.prompt) + req.cfg.max_new_tokens
-            if self.idle is not None:
-                self._store_idle()
-                req.rows, self.idle = self.idle, None
+            kept = self._buffers()
+            if kept is not None:
+                req.rows = kept
                 req.rows.restart(req.resume, capacity)
             else:
                 req.rows = self.model.stepper(1, capacity, ring=self.ring)
@@ -222,6 +236,17 @@ class Prompts:
                     req.rows.set_row(0, req.resume.states, req.resume.length)
             req.resume = None
         return req.rows
+
+    def _buffers(self) -> Stepper | None:
+        """Kept buffers for a new request's states, if any: the kept batch when its row holds
+        nothing to store, else the spare (store_kept stores the row after the request's first
+        token); None when the kept row needs storing and there is no spare: the request makes
+        new buffers, and from its end on two batches are kept in turn."""
+        if self.idle is not None and (self.idle_seen is None or self.idle_stored or not self.cache.enabled):
+            idle, self.idle, self.idle_seen, self.idle_stored = self.idle, None, None, False
+            return idle
+        spare, self.spare = self.spare, None
+        return spare
 
     def _resume(self, req: Request, others: Callable[[], Sequence[Sequence[int]]]) -> np.ndarray | None:
         """req's first prefill turn: resume from the cache and plan its checkpoints; the last
