@@ -14,7 +14,7 @@ leaving memory frees its fixed states, its logits and the pieces no other entry 
 (`release`); that, not its whole size, is what it is valued by (Entry.unshared). An ancestor may
 leave while its descendants still hold its pieces: they stay, counted, until the last holder
 leaves. Entries that part below a shared prefix (two conversations after one system prompt)
-hold its pieces alike.
+hold its pieces alike. What it saves: benchmarks/bench_kv_sharing.py.
 
 KV that another call computed (another chunking, a decode step) agrees with a cold prefill's
 to rounding, as a stored KV already did: a request resumed from shared pieces gets a cold
