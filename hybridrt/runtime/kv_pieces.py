@@ -3,8 +3,8 @@
 The entries on one conversation's path (checkpoints inside prompts, each prompt's tail and end,
 each reply's end) each need the KV of their whole prefix: a copy each would hold a 4,000-token
 conversation's first positions some thirty times over, where attention-heavy models keep far
-more KV than fixed-size states (Qwen3.5-0.8B: ~24.6 KB a token against ~19 MB of conv and SSM
-states). So an entry's KV is a list of pieces, one per span of positions: the spans before its
+more KV than fixed-size states (Qwen3.5-0.8B: ~24.6 KB of float32 KV a token against ~19 MB of
+conv and recurrent states). So an entry's KV is a list of pieces, one per span of positions: the spans before its
 own are the very pieces (the same arrays) its nearest ancestor in memory holds, and only the
 positions past that ancestor are a copy of its own (`pieces_for`). An ancestor on disk only
 shares nothing: the entry copies from the nearest one in memory, or all of its KV.
