@@ -77,8 +77,8 @@ def test_entries_on_a_path_hold_each_position_s_kv_once(model: hybridrt.runtime.
 
 
 def test_requests_resumed_from_shared_pieces_match_cold_ones(model: hybridrt.runtime.Model) -> None:
-    """Entries along a conversation (checkpoints inside the prompts, ends, replies) resume with a
-    cold prefill's logits and greedy tokens, their KV joined from several pieces."""
+    """Entries along a conversation (checkpoints inside each turn's prompt, its tail and end)
+    resume with a cold prefill's logits and greedy tokens, their KV joined from several pieces."""
     vocab = int(model.manifest.vocab_size)
     cache = model.state_cache(memory_bytes=2**28, spacing=32)
     history = random_prompt(100, vocab=vocab)
