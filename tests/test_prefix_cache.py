@@ -12,31 +12,16 @@ import numpy as np
 import pytest
 from checkpoints import make_jamba
 from family_checkpoints import make_granitemoehybrid
+from resuming import cached_prefill, cold_prefill, random_prompt
 
 import hybridrt
 from hybridrt.errors import GenerationError
-from hybridrt.runtime.decode import prefill_cached
 from hybridrt.runtime.prefix_cache import StateCache
 from hybridrt.runtime.prefix_plan import MIN_SPACING, READ_BYTES_PER_S, TAIL, chunk_end, spacing_for
 from hybridrt.runtime.radix import RadixTree
 from hybridrt.runtime.state import Snapshot
 
 TOL = 1e-5
-
-
-def _prompt(length: int, seed: int = 0, vocab: int = 320) -> list[int]:
-    return np.random.default_rng(seed + 1000 * length).integers(3, vocab, length).tolist()
-
-
-def _cold_logits(model: hybridrt.runtime.Model, tokens: list[int]) -> np.ndarray:
-    stepper = model.stepper(1, len(tokens) + 4)
-    return np.array(stepper.forward(np.asarray([tokens], dtype=np.int64)))
-
-
-def _resumed(model: hybridrt.runtime.Model, tokens: list[int], cache: StateCache) -> tuple[np.ndarray, int]:
-    stepper = model.stepper(1, len(tokens) + 4)
-    logits, resumed = prefill_cached(stepper, tokens, cache)
-    return np.array(logits), resumed
 
 
 @pytest.fixture(scope="module", params=["jamba", "granitemoehybrid", "llama"])
@@ -67,8 +52,8 @@ def test_a_prompt_resumes_from_the_deepest_checkpoint_before_it_differs(
     model: hybridrt.runtime.Model, tmp_path: Path
 ) -> None:
     vocab = int(model.manifest.vocab_size)
-    p = _prompt(300, vocab=vocab)
-    q = p[:200] + _prompt(60, seed=1, vocab=vocab)  # agrees with p for 200 tokens
+    p = random_prompt(300, vocab=vocab)
+    q = p[:200] + random_prompt(60, seed=1, vocab=vocab)  # agrees with p for 200 tokens
     cold = model.generate(p, max_new_tokens=8)
     cache = model.state_cache(memory_bytes=2**28, spacing=128)
     model.generate(q, cache=cache, max_new_tokens=4)
@@ -77,23 +62,23 @@ def test_a_prompt_resumes_from_the_deepest_checkpoint_before_it_differs(
     assert stats.cached_tokens == (128 if model.manifest.recurrent else 200)
     assert out == cold
     # p stored a state where it parts from q: a third prompt that agrees as far resumes there.
-    r = p[:200] + _prompt(20, seed=2, vocab=vocab)
-    logits, resumed = _resumed(model, r, cache)
+    r = p[:200] + random_prompt(20, seed=2, vocab=vocab)
+    logits, resumed = cached_prefill(model, r, cache)
     assert resumed == 200
-    assert np.abs(logits - _cold_logits(model, r)).max() <= TOL
+    assert np.abs(logits - cold_prefill(model, r)).max() <= TOL
     # Every state stored on p's path, and p itself (its last logits: nothing to prefill).
     depths = [n.depth for n, _ in cache.tree.match(p).path if n.depth <= len(p)]
     assert len(p) in depths and (len(p) - TAIL in depths) == model.manifest.recurrent
     for d in depths:
-        logits, resumed = _resumed(model, p[: d + 1] if d < len(p) else p, cache)
+        logits, resumed = cached_prefill(model, p[: d + 1] if d < len(p) else p, cache)
         assert resumed == d
-        assert np.abs(logits - _cold_logits(model, p[: d + 1] if d < len(p) else p)).max() <= TOL
+        assert np.abs(logits - cold_prefill(model, p[: d + 1] if d < len(p) else p)).max() <= TOL
 
 
 def test_states_on_disk_resume_after_a_restart_and_never_for_another_model(jamba_onnx: Path, tmp_path: Path) -> None:
     model = hybridrt.load(jamba_onnx)
-    p = _prompt(60)
-    cold, cold_logits = model.generate(p, max_new_tokens=8), _cold_logits(model, p + [7])
+    p = random_prompt(60)
+    cold, cold_logits = model.generate(p, max_new_tokens=8), cold_prefill(model, p + [7])
     # A budget of one byte: every state moves to disk as soon as it is stored.
     first = model.state_cache(memory_bytes=1, directory=tmp_path, spacing=16)
     model.generate(p, cache=first, max_new_tokens=8)
@@ -103,7 +88,7 @@ def test_states_on_disk_resume_after_a_restart_and_never_for_another_model(jamba
     assert len(again) == len(first) and again.memory == 0
     out, stats = model.generate_with_stats(p, cache=again, max_new_tokens=8)
     assert stats.cached_tokens == len(p) and out == cold and again.stats.disk_reads == 1
-    logits, resumed = _resumed(model, p + [7], again)
+    logits, resumed = cached_prefill(model, p + [7], again)
     assert resumed == len(p) and np.abs(logits - cold_logits).max() <= TOL
     # Another export of the same architecture (other weights): same state shapes, another
     # identity, so it never reads these states.
@@ -117,7 +102,7 @@ def test_states_on_disk_resume_after_a_restart_and_never_for_another_model(jamba
 
 def test_a_damaged_state_file_is_a_miss_not_an_error(jamba_onnx: Path, tmp_path: Path) -> None:
     model = hybridrt.load(jamba_onnx)
-    p = _prompt(40)
+    p = random_prompt(40)
     model.generate(p, cache=model.state_cache(memory_bytes=1, directory=tmp_path, spacing=16), max_new_tokens=2)
     for f in tmp_path.rglob("*.bin"):
         f.write_bytes(b"\0" * f.stat().st_size)  # same size, other bytes
@@ -135,7 +120,7 @@ def test_an_unwritable_directory_leaves_a_memory_cache_and_a_warning(
     with caplog.at_level(logging.WARNING, "hybridrt.cache"):
         cache = model.state_cache(directory=blocker / "states")
     assert cache.files is None and "cannot be written" in caplog.text
-    p = _prompt(30)
+    p = random_prompt(30)
     model.generate(p, cache=cache, max_new_tokens=3)
     assert model.generate_with_stats(p + [9], cache=cache, max_new_tokens=3)[1].cached_tokens == len(p)
 
@@ -143,7 +128,7 @@ def test_an_unwritable_directory_leaves_a_memory_cache_and_a_warning(
 def test_memory_stays_in_budget_and_valued_states_stay(jamba_onnx: Path) -> None:
     model = hybridrt.load(jamba_onnx)
     stepper = model.stepper(1, 64)
-    stepper.forward(np.asarray([_prompt(8)], dtype=np.int64))
+    stepper.forward(np.asarray([random_prompt(8)], dtype=np.int64))
     row = stepper.row(0)
     cache = model.state_cache(memory_bytes=3 * row.nbytes + 10)
     keys = [[k] * 8 for k in range(3, 9)]
@@ -169,12 +154,14 @@ def test_a_state_is_valued_by_what_it_saves_beyond_its_stored_ancestor(jamba_onn
         stepper.forward(np.asarray([tokens], dtype=np.int64))
         return stepper.row(0)
 
-    shared = _prompt(40, seed=1)
-    ends = [shared + _prompt(4, seed=10 + k) for k in range(3)]
-    fresh = [_prompt(24, seed=20 + k) for k in range(4)]
+    shared = random_prompt(40, seed=1)
+    ends = [shared + random_prompt(4, seed=10 + k) for k in range(3)]
+    fresh = [random_prompt(24, seed=20 + k) for k in range(4)]
     rows = {tuple(t): snapshot(t) for t in [shared, *ends, *fresh]}
-    held = sum(rows[tuple(t)].nbytes for t in [shared, *ends, *fresh[:3]])
-    cache = model.state_cache(memory_bytes=held + rows[tuple(fresh[3])].nbytes // 2)
+    probe = model.state_cache(memory_bytes=2**28)  # what all but the last hold (the ends share the prefix's KV)
+    for tokens in [shared, *ends, *fresh[:3]]:
+        probe.put(tokens, rows[tuple(tokens)])
+    cache = model.state_cache(memory_bytes=probe.memory + rows[tuple(fresh[3])].nbytes // 2)
     for tokens in [shared, *ends, *fresh]:
         cache.put(tokens, rows[tuple(tokens)])
         assert cache.memory <= cache.memory_bytes
@@ -189,7 +176,7 @@ def test_memory_and_disk_stay_in_budget_at_every_moment_not_only_after_a_put(jam
     slow moment a /metrics reader sees) memory and disk are already within their budgets."""
     model = hybridrt.load(jamba_onnx)
     stepper = model.stepper(1, 64)
-    stepper.forward(np.asarray([_prompt(8)], dtype=np.int64))
+    stepper.forward(np.asarray([random_prompt(8)], dtype=np.int64))
     row = stepper.row(0)
     n = row.nbytes
     cache = model.state_cache(memory_bytes=2 * n + 10, directory=tmp_path, disk_bytes=3 * n + 10)
@@ -246,7 +233,7 @@ def test_checkpoints_inside_a_prompt_follow_its_length(jamba_onnx: Path, llama_o
 def test_a_chat_session_resumes_a_conversation_a_cache_has_seen(jamba_onnx: Path) -> None:
     model = hybridrt.load(jamba_onnx)
     cache = model.state_cache()
-    turns = [_prompt(20, seed=s) for s in range(3)]
+    turns = [random_prompt(20, seed=s) for s in range(3)]
     chat = model.session(cache=cache)
     replies = [chat.generate(t, max_new_tokens=5) for t in turns]
     # A new session (another process, a reloaded page) replays the same conversation: every
@@ -261,9 +248,9 @@ def test_cache_options_are_checked(jamba_onnx: Path) -> None:
     model = hybridrt.load(jamba_onnx)
     cache = model.state_cache()
     with pytest.raises(GenerationError, match="one prompt"):
-        model.generate([_prompt(5), _prompt(6)], cache=cache)
+        model.generate([random_prompt(5), random_prompt(6)], cache=cache)
     with pytest.raises(GenerationError, match="beam search"):
-        model.generate(_prompt(5), cache=cache, num_beams=2)
+        model.generate(random_prompt(5), cache=cache, num_beams=2)
     with pytest.raises(GenerationError, match="memory_bytes must be"):
         model.state_cache(memory_bytes=-1)
 
@@ -273,15 +260,15 @@ def test_bfloat16_states_take_half_the_memory_and_resume_close(model: hybridrt.r
     request resumed from them is close to a cold one (logits within 1% of their scale here: the
     measured worst is 0.34%, Granite-4.0-H's Mamba2 states) and greedy decoding gives the same
     tokens on these models; on disk they live apart, so an exact cache never reads them."""
-    p = _prompt(60)
-    cold = _cold_logits(model, p + [7])
+    p = random_prompt(60)
+    cold = cold_prefill(model, p + [7])
     exact = model.state_cache(spacing=16)
     half = model.state_cache(spacing=16, stored="bfloat16")
     on_disk = model.state_cache(memory_bytes=1, directory=tmp_path, spacing=16)  # every state goes to disk
     for cache in (exact, half, on_disk):
         model.generate(p, cache=cache, max_new_tokens=8)
     assert len(half) == len(exact) and half.memory < 0.55 * exact.memory
-    logits, resumed = _resumed(model, p + [7], half)
+    logits, resumed = cached_prefill(model, p + [7], half)
     assert resumed == len(p) and 0 < np.abs(logits - cold).max() <= 0.01 * np.abs(cold).max()
     out, stats = model.generate_with_stats(p, cache=half, max_new_tokens=16)
     assert stats.cached_tokens > 0 and out == model.generate(p, max_new_tokens=16)
@@ -298,16 +285,16 @@ def test_a_state_read_for_a_peer_counts_no_hit_here_and_depth_reads_nothing(jamb
     """A replica that hands a state to another (deploy/ray_peers.py) reads it uncounted: the
     receiver counts the hit it resumes from. depth() says how far the cache reaches, no read."""
     model = hybridrt.load(jamba_onnx)
-    p = _prompt(150)
+    p = random_prompt(150)
     cache = model.state_cache(memory_bytes=2**28, spacing=64)
     model.generate(p, cache=cache, max_new_tokens=2)
-    longer = p + _prompt(30, seed=3)
+    longer = p + random_prompt(30, seed=3)
     before = (cache.stats.lookups, cache.stats.hits, cache.stats.hit_tokens, cache.stats.disk_reads)
     have = cache.depth(longer)
     peer = cache.lookup(longer, counted=False)
     assert peer is not None and have == peer.snapshot.length >= 64
     assert (cache.stats.lookups, cache.stats.hits, cache.stats.hit_tokens, cache.stats.disk_reads) == before
-    assert cache.depth(_prompt(40, seed=4)) == 0
+    assert cache.depth(random_prompt(40, seed=4)) == 0
     assert cache.lookup(longer) is not None and cache.stats.hits == before[1] + 1
 
 
@@ -318,7 +305,7 @@ def test_a_bfloat16_state_moves_to_a_peer_as_kept(jamba_onnx: Path) -> None:
     from hybridrt.deploy.ray_peers import received, snapshot_for, state_bytes
 
     model = hybridrt.load(jamba_onnx)
-    p = _prompt(90)
+    p = random_prompt(90)
     exact, half = model.state_cache(spacing=32), model.state_cache(spacing=32, stored="bfloat16")
     for cache in (exact, half):
         model.generate(p, cache=cache, max_new_tokens=4)
@@ -342,7 +329,7 @@ def test_a_row_s_fixed_states_are_copied_into_one_block_made_ready_while_idle(ja
     copies take them, and a block something still reads is never reused (runtime.host_blocks)."""
     model = hybridrt.load(jamba_onnx)
     stepper = model.stepper(1, 64)
-    stepper.forward(np.asarray([_prompt(8)], dtype=np.int64))
+    stepper.forward(np.asarray([random_prompt(8)], dtype=np.int64))
     plain = stepper.row(0)
     block_bytes = StateCache.for_model(model, memory_bytes=1).block_bytes
     fits = -(-64 * block_bytes // plain.nbytes)  # ready blocks: at most 1/16 of the budget

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .radix import Node, RadixTree
+from ..graphs.contract import TensorSpec
+from .kv_pieces import Piece, hold, joined, merged, pieces_for, split
+from .radix import Match, Node, RadixTree
 from .state import Snapshot
 from .state_files import StateFiles
 
@@ -17,9 +20,9 @@ log = logging.getLogger("hybridrt.cache")
 @dataclass(eq=False)
 class Entry:
     node: Node[Entry]
-    nbytes: int
+    nbytes: int  # all of its states and logits, as a file holds them
     cost: float  # prefill seconds it saves
-    states: list[np.ndarray] | None  # None: on disk only
+    states: list[np.ndarray] | None  # its fixed-size (conv, SSM) states; None: on disk only
     logits: np.ndarray | None  # [1, V] after the last token, when known
     has_logits: bool
     file: str | None = None  # its name in the disk tier
@@ -28,10 +31,41 @@ class Entry:
     base: float = 0.0  # the cache's clock when it was last stored or used
     used: int = 0  # when it was last stored or used (breaks ties in value: the older leaves first)
     block: np.ndarray | None = None  # the memory its fixed states are views of (runtime.host_blocks)
+    kv: list[Piece] = field(default_factory=list)  # its KV in memory, pieces shared along its path (runtime.kv_pieces)
 
     @property
     def length(self) -> int:
         return self.node.depth
+
+    def whole(self, pasts: Sequence[TensorSpec], length: int) -> list[np.ndarray]:
+        """Its states in memory, in the order of the pasts, its KV pieces joined to `length` positions."""
+        assert self.states is not None
+        return merged(pasts, self.states, joined(self.kv, [s for s in pasts if s.is_kv], length))
+
+    def load(self, pasts: Sequence[TensorSpec], states: list[np.ndarray], logits: np.ndarray | None) -> None:
+        """Its states (in the order of the pasts, its whole KV) and logits back in memory, its KV
+        one piece of its own."""
+        self.states, kv = split(pasts, states)
+        self.logits = logits
+        hold(self, pieces_for(kv, [s for s in pasts if s.is_kv], self.length, None)[0])
+
+    def value(self) -> float:
+        """Prefill seconds per byte it saves beyond its nearest stored ancestor (which a lookup
+        would resume from without it), times one plus its hits; its bytes are those its leaving
+        frees (`unshared`: KV its descendants share stays)."""
+        saves = self.cost * (self.length - self.node.held_above()) / max(self.length, 1)
+        return (self.hits + 1) * saves / max(self.unshared(), 1)
+
+    def own(self) -> int:
+        """Bytes in memory that are its alone whatever it shares: its fixed states and logits."""
+        return sum(x.nbytes for x in self.states or []) + (0 if self.logits is None else self.logits.nbytes)
+
+    def unshared(self) -> int:
+        """Bytes its leaving memory frees: `own` and the KV pieces no other entry holds; its
+        file's bytes when it is on disk only."""
+        if self.states is None:
+            return self.nbytes
+        return self.own() + sum(p.nbytes for p in self.kv if len(p.holders) == 1)
 
 
 @dataclass(frozen=True)
@@ -55,6 +89,25 @@ class CacheStats:
     disk_reads: int = 0
     saved_seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+
+
+def candidates(
+    tree: RadixTree[Entry], match: Match[Entry], length: int, whole: bool, cut: bool
+) -> list[tuple[Entry, int]]:
+    """The stored states a lookup of `length` tokens (`match`: their walk down `tree`) may
+    resume from, deepest first, each with the tokens it resumes: those of a prefix that leaves a
+    token to feed or holds its last logits (`whole`: of all the tokens, with logits); with
+    `cut` (KV alone, which can be cut to any prefix), first any longer stored prefix cut to
+    where it agrees."""
+    found = [(e, n.depth) for n, e in match.path if n.depth < length or e.has_logits]
+    if whole:
+        return [(e, d) for e, d in found if d == length]
+    agree = min(match.agree, length - 1)
+    if cut and agree > 0 and (not found or found[0][1] < agree):
+        deeper = next((e for _, e in tree.below(match.end) if e.length >= agree), None)
+        if deeper is not None:
+            found.insert(0, (deeper, agree))
+    return found
 
 
 def stored_entries(files: StateFiles, tree: RadixTree[Entry]) -> list[Entry]:

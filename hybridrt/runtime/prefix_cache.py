@@ -7,14 +7,17 @@ exceeded, entries leave in order of value (GreedyDual-Size-Frequency: prefill se
 saves per byte, times one plus its hits, on top of a clock that rises with each eviction, so
 old entries age out). What an entry saves is counted beyond its nearest stored ancestor, which
 a lookup would resume from without it: a request's end after a long shared system prompt saves
-its few own tokens, not the whole prompt again, and leaves before a fresh prompt's state. With
-a directory, an evicted entry moves to disk (its own file, read back when a lookup needs it)
-instead of vanishing, within its own byte cap; a server restarted on the same directory finds
-them again. Files live under the model's identity (a hash of every file the export lists and of
-its state specs): another model never reads them. A directory that cannot be written turns the
-disk tier off with a warning; no request fails for it. States are exact by default;
-`stored="bfloat16"` (opt-in, apart on disk) halves float32 ones' bytes, a resumed request then
-close to a cold one (benchmarks/bench_state_dtype.py: how close)."""
+its few own tokens, not the whole prompt again, and leaves before a fresh prompt's state. An
+entry's KV is shared with its ancestors (runtime.kv_pieces): it copies only the positions past
+the nearest one in memory, each piece is counted once, and its bytes for valuing are those its
+leaving frees. With a directory, an evicted entry moves to disk (its own file, its KV whole,
+read back when a lookup needs it) instead of vanishing, within its own byte cap; a server
+restarted on the same directory finds them again. Files live under the model's identity (a hash
+of every file the export lists and of its state specs): another model never reads them. A
+directory that cannot be written turns the disk tier off with a warning; no request fails for
+it. States are exact by default; `stored="bfloat16"` (opt-in, apart on disk) halves float32
+ones' bytes, a resumed request then close to a cold one (benchmarks/bench_state_dtype.py: how
+close)."""
 
 from __future__ import annotations
 
@@ -28,9 +31,10 @@ import numpy as np
 
 from ..errors import GenerationError
 from ..graphs.contract import TensorSpec
-from .cache_entry import CacheStats, Entry, Hit, stored_entries
+from .cache_entry import CacheStats, Entry, Hit, candidates, stored_entries
 from .host_blocks import KEEP, Blocks, aligned, alone
 from .input_checks import available_memory
+from .kv_pieces import hold, pieces_for, release, split
 from .prefix_plan import fixed_sizes, marks
 from .radix import RadixTree, common_prefix
 from .state import Snapshot, _fit, narrowed, widened
@@ -66,6 +70,7 @@ class StateCache:
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise GenerationError(f"{name} must be an integer >= 0 or None, got {value!r}")
         self.pasts = list(pasts)
+        self.kv_specs = [s for s in self.pasts if s.is_kv]
         self.owner = owner
         self.stored = stored
         self.recurrent = any(not s.is_kv for s in self.pasts)
@@ -129,25 +134,17 @@ class StateCache:
         with self.lock:
             self.stats.lookups += counted
             match = self.tree.match(tokens)
-            candidates = [(e, n.depth) for n, e in match.path if n.depth < len(tokens) or e.has_logits]
-            if whole:
-                candidates = [(e, d) for e, d in candidates if d == len(tokens)]
-            cut = min(match.agree, len(tokens) - 1)
-            if not whole and not self.recurrent and cut > 0 and (not candidates or candidates[0][1] < cut):
-                deeper = next((e for _, e in self.tree.below(match.end) if e.length >= cut), None)
-                if deeper is not None:
-                    candidates.insert(0, (deeper, cut))
-            for entry, length in candidates:
+            for entry, length in candidates(self.tree, match, len(tokens), whole, not self.recurrent):
                 entry.hits += 1
                 entry.priority = self._priority(entry)
-                read = self._states(entry)
+                read = self._states(entry, length)
                 if read is None:
                     continue
                 states, logits = read
-                if self.stored == "bfloat16" and widen:
-                    states = widened(states)
                 if length < entry.length:  # KV only: cut to the agreeing prefix
                     states = [_fit(x, s, length) for s, x in zip(self.pasts, states)]
+                if self.stored == "bfloat16" and widen:
+                    states = widened(states)
                 logits = logits if length == len(tokens) == entry.length else None
                 if counted:
                     self.stats.hits += 1
@@ -162,9 +159,8 @@ class StateCache:
         if not self.enabled or not tokens:
             return 0
         with self.lock:
-            match = self.tree.match(tokens)
-            usable = [n.depth for n, e in match.path if n.depth < len(tokens) or e.has_logits]
-            return max(usable, default=0)
+            found = candidates(self.tree, self.tree.match(tokens), len(tokens), False, False)
+            return max((d for _, d in found), default=0)
 
     def put(self, tokens: Sequence[int], snapshot: Snapshot, logits: np.ndarray | None = None) -> None:
         """Store the states after `tokens` (snapshot.length == len(tokens)), with the last
@@ -187,18 +183,24 @@ class StateCache:
                 old.hits += 1  # the same states again: keep the entry, count it as used
                 old.priority = self._priority(old)
                 return
+            base = next((e for _, e in match.path if e.states is not None), None)  # KV shared with it
             node, _ = self.tree.insert(tokens, None)  # type: ignore[arg-type]
             cost = len(tokens) * self.seconds_per_token
-            entry = Entry(node, nbytes, cost, states, row_logits, row_logits is not None, block=block)
+            fixed, kv = split(self.pasts, states)
+            entry = Entry(node, nbytes, cost, fixed, row_logits, row_logits is not None, block=block)
+            pieces, new = pieces_for(kv, self.kv_specs, len(tokens), base)
+            self._reprice(hold(entry, pieces))  # before any eviction: the shared pieces stay
             if old is not None:
                 self._forget(old, keep_node=True)
                 entry.hits = old.hits
             node.value = entry
             entry.priority = self._priority(entry)
             self._reprice([e for _, e in self.tree.below(node) if e is not entry])
-            self._fit(nbytes)  # room first: the budget holds at every moment, not after the fact
+            incoming = entry.own() + (0 if new is None else new.nbytes)
+            self._fit(incoming)  # room first: the budget holds at every moment, not after the fact
             self.entries.add(entry)
-            self.memory += nbytes
+            self.memory += incoming
+            self._reprice([entry])  # ancestors that left meanwhile may have left it pieces alone
             self.stats.checkpoints += 1
             self._fit()  # an entry larger than the memory budget goes to disk at once
 
@@ -207,19 +209,13 @@ class StateCache:
     def _priority(self, entry: Entry) -> float:
         self.uses += 1
         entry.used, entry.base = self.uses, self.clock
-        return self.clock + self._value(entry)
-
-    def _value(self, entry: Entry) -> float:
-        """Prefill seconds per byte that entry saves beyond its nearest stored ancestor, times
-        one plus its hits."""
-        own = entry.cost * (entry.length - entry.node.held_above()) / max(entry.length, 1)
-        return (entry.hits + 1) * own / max(entry.nbytes, 1)
+        return self.clock + entry.value()
 
     def _reprice(self, entries: Sequence[Entry]) -> None:
         """New values for entries whose nearest stored ancestor changed (one was stored or left)."""
         for entry in entries:
             if entry in self.entries:
-                entry.priority = entry.base + self._value(entry)
+                entry.priority = entry.base + entry.value()
 
     def _fit(self, incoming: int = 0) -> None:
         """Evict the least valued states until `incoming` more bytes fit in memory (to the disk
@@ -269,9 +265,11 @@ class StateCache:
             self._reprice(below)
 
     def _unload(self, entry: Entry) -> None:
-        """entry's states leave memory (to disk, or gone)."""
-        self.memory -= entry.nbytes
+        """entry's states leave memory (to disk, or gone); KV pieces another entry holds stay."""
+        freed, alone = release(entry)
+        self.memory -= entry.own() + freed
         entry.states, entry.logits, entry.block = None, None, None
+        self._reprice(alone)
 
     def prepare(self) -> bool:
         """Idle time: one more block ready for a checkpoint's fixed states (runtime.host_blocks),
@@ -284,12 +282,13 @@ class StateCache:
                 return self.blocks.add(self.block_bytes)
             return self._evict(keep=True)
 
-    def _states(self, entry: Entry) -> tuple[list[np.ndarray], np.ndarray | None] | None:
-        """entry's states and logits, read back from disk when they are only there (None if
-        unreadable). The entry may leave memory again at once (a small budget): the arrays
-        returned stay valid."""
+    def _states(self, entry: Entry, length: int) -> tuple[list[np.ndarray], np.ndarray | None] | None:
+        """entry's states (KV of at least `length` positions) and logits, read back from disk
+        when they are only there (None if unreadable): its file holds its whole KV, held alone
+        once read, sharing no piece (the simplest correct choice: the pieces it had may be gone).
+        The entry may leave memory again at once (a small budget): the arrays returned stay valid."""
         if entry.states is not None:
-            return entry.states, entry.logits
+            return entry.whole(self.pasts, length), entry.logits
         assert entry.file is not None
         read = None if self.files is None else self.files.read_states(entry.file, entry.has_logits)
         self.stats.disk_reads += read is not None
@@ -298,7 +297,7 @@ class StateCache:
             return None
         self._fit(entry.nbytes)
         if entry in self.entries:  # (making room may have dropped its file, and so the entry)
-            entry.states, entry.logits = read
+            entry.load(self.pasts, *read)
             self.memory += entry.nbytes
             self._fit()
         return read
@@ -320,11 +319,12 @@ class StateCache:
         self._fit()
 
     def _write(self, entry: Entry) -> bool:
-        """Move entry's states to a file of their own; False (and the disk tier off) on failure."""
+        """Move entry's states to a file of their own, its KV whole (shared pieces joined); False
+        (and the disk tier off) on failure."""
         assert self.files is not None and entry.states is not None
         if entry.nbytes > self.files.cap:
             return False
-        arrays = [*entry.states, *([] if entry.logits is None else [entry.logits])]
+        arrays = [*entry.whole(self.pasts, entry.length), *([] if entry.logits is None else [entry.logits])]
         self._fit_disk(entry.nbytes)
         try:
             entry.file = self.files.write(entry.node.key(), arrays, entry.cost, entry.hits, entry.logits is not None)

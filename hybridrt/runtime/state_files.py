@@ -106,16 +106,20 @@ class StateFiles:
         return name
 
     def read(self, name: str) -> list[np.ndarray]:
-        """The arrays stored as `name`; ValueError or OSError when they cannot be read back."""
+        """The arrays stored as `name`, each in memory of its own (the cache frees them apart: KV
+        it shares may outlive the rest); ValueError or OSError when they cannot be read back."""
         info = json.loads((self.where / f"{name}.json").read_text())
-        raw = (self.where / f"{name}.bin").read_bytes()
-        if len(raw) != info["bytes"] or zlib.crc32(raw) != info["crc32"]:
-            raise ValueError("its data does not match its checksum")
-        arrays, at = [], 0
-        for dtype, shape in info["arrays"]:
-            a = np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape)), offset=at).reshape(shape)
-            arrays.append(a)
-            at += a.nbytes
+        arrays, crc = [], 0
+        with open(self.where / f"{name}.bin", "rb") as f:
+            for dtype, shape in info["arrays"]:
+                a = np.empty(shape, dtype)
+                data = a.reshape(-1).view(np.uint8).data
+                if f.readinto(data) != a.nbytes:
+                    raise ValueError("its data is shorter than its record")
+                crc = zlib.crc32(data, crc)
+                arrays.append(a)
+            if f.read(1) or sum(a.nbytes for a in arrays) != info["bytes"] or crc != info["crc32"]:
+                raise ValueError("its data does not match its checksum")
         return arrays
 
     def read_states(self, name: str, has_logits: bool) -> tuple[list[np.ndarray], np.ndarray | None] | None:
