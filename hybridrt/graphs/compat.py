@@ -54,19 +54,25 @@ def needs_query_seqlens(version: str) -> bool:
 def for_onnxruntime_131(graph: Path) -> bytes | None:
     """The graph's bytes without GroupQueryAttention's query_seqlens, or None when it has none
     to drop (its weights stay in the external data file beside it)."""
-    model = _load(graph, "uses GroupQueryAttention's query_seqlens input, which onnxruntime 1.31 lacks")
-    return model.SerializeToString() if _drop_query_seqlens(model) else None
+    model = load_graph(graph, "uses GroupQueryAttention's query_seqlens input, which onnxruntime 1.31 lacks")
+    return model.SerializeToString() if drop_query_seqlens(model) else None
 
 
 def for_graph_capture(graph: Path, query_seqlens: bool = True) -> tuple[bytes, tuple[str, ...]]:
-    """The graph's bytes with GroupQueryAttention's lengths as graph inputs (see the module
-    docstring), without query_seqlens unless `query_seqlens`; and the inputs added (none for a
-    graph without attention: its nodes unchanged)."""
+    """The graph's bytes rewritten by `capture_inputs`, and the inputs it added."""
+    model = load_graph(graph, "is rewritten for CUDA graph capture")
+    added = capture_inputs(model, query_seqlens)
+    return model.SerializeToString(), added
+
+
+def capture_inputs(model: Any, query_seqlens: bool = True) -> tuple[str, ...]:
+    """Make GroupQueryAttention's lengths graph inputs, in place (see the module docstring),
+    without query_seqlens unless `query_seqlens`; returns the inputs added (none for a graph
+    without attention: its nodes unchanged)."""
     import onnx
 
-    model = _load(graph, "is rewritten for CUDA graph capture")
     if not query_seqlens:
-        _drop_query_seqlens(model)
+        drop_query_seqlens(model)
     added: list[str] = []
     for node in model.graph.node:
         if node.op_type != "GroupQueryAttention":
@@ -81,7 +87,7 @@ def for_graph_capture(graph: Path, query_seqlens: bool = True) -> tuple[bytes, t
         model.graph.input.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.INT32, shape))
     if added:
         prune(model.graph)
-    return model.SerializeToString(), tuple(added)
+    return tuple(added)
 
 
 def length_feeds(names: tuple[str, ...], after: np.ndarray, new: int, total: int) -> dict[str, np.ndarray]:
@@ -99,7 +105,9 @@ def length_feeds(names: tuple[str, ...], after: np.ndarray, new: int, total: int
     return feeds
 
 
-def _load(graph: Path, why: str) -> Any:
+def load_graph(graph: Path, why: str) -> Any:
+    """The graph's ModelProto (weights in an external data file left there), for a rewrite
+    that the loader runs: `why` says which, in the error when the onnx package is missing."""
     try:
         import onnx
     except ImportError:
@@ -110,7 +118,9 @@ def _load(graph: Path, why: str) -> Any:
     return onnx.load(str(graph), load_external_data=False)
 
 
-def _drop_query_seqlens(model: Any) -> bool:
+def drop_query_seqlens(model: Any) -> bool:
+    """Drop GroupQueryAttention's query_seqlens (onnxruntime 1.31 lacks it), in place; returns
+    whether the graph had one."""
     changed = False
     for node in walk(model.graph):
         if node.op_type == "GroupQueryAttention" and len(node.input) > QUERY_SEQLENS:
