@@ -19,7 +19,7 @@ import pytest
 
 import hybridrt
 from hybridrt.errors import ProviderError
-from hybridrt.graphs.compat import LENGTH_INPUTS, TOTAL_LENGTH, for_graph_capture, length_feeds
+from hybridrt.graphs.compat import LENGTH_INPUTS, POSITION_IDS, TOTAL_LENGTH, for_graph_capture, length_feeds
 from hybridrt.runtime.device import MAX_GRAPHS
 from hybridrt.runtime.loader import _capture
 from hybridrt.runtime.model import Model
@@ -54,7 +54,8 @@ def test_the_rewrite_makes_the_lengths_inputs_and_drops_their_arithmetic(llama_o
     before = onnx.load(str(graph), load_external_data=False)
     data, names = for_graph_capture(graph)
     after = onnx.load_from_string(data)
-    assert names == tuple(LENGTH_INPUTS.values())  # seqlens_k, total, query_seqlens (onnxruntime 1.32)
+    # seqlens_k, total, query_seqlens (onnxruntime 1.32), and the rotary positions
+    assert names == (*LENGTH_INPUTS.values(), POSITION_IDS)
     inputs = {i.name: i for i in after.graph.input}
     assert inputs[TOTAL_LENGTH].type.tensor_type.shape.dim == []  # a scalar, read on the host
     for node in (n for n in after.graph.node if n.op_type == "GroupQueryAttention"):
@@ -83,10 +84,11 @@ def test_a_graph_without_attention_is_unchanged(exported: Path) -> None:
 
 def test_length_feeds() -> None:
     after = np.array([7, 4])
-    feeds = length_feeds(tuple(LENGTH_INPUTS.values()), after, 3, 64)
+    feeds = length_feeds((*LENGTH_INPUTS.values(), POSITION_IDS), after, 3, 64)
     assert feeds["seqlens_k"].tolist() == [6, 3] and feeds["seqlens_k"].dtype == np.int32
     assert int(feeds[TOTAL_LENGTH]) == 64 and feeds[TOTAL_LENGTH].shape == ()
     assert feeds["query_seqlens"].tolist() == [3, 3]
+    assert feeds[POSITION_IDS].tolist() == [[4, 5, 6], [1, 2, 3]] and feeds[POSITION_IDS].dtype == np.int64
 
 
 @pytest.mark.parametrize("which", ["float32", "float16-kv", "llama"])

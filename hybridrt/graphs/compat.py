@@ -26,7 +26,9 @@ copies them across each step and refuses to capture. The rewrite makes them grap
 (`length_feeds` gives their values) and drops the nodes that computed them. A replay reads the
 total it was captured with, so the runtime feeds the KV buffers' capacity in captured steps
 (the kernels read each row's own length from seqlens_k, on the device) and the longest row in
-other calls (runtime.bound).
+other calls (runtime.bound). The graphs with rotary positions compute them from past_lengths
+too (past_lengths[:, None] + arange(l), int64, then cast for cos and sin): the rewrite makes
+them the input `position_ids`, so that no node of the rewritten graph reads past_lengths.
 """
 
 from __future__ import annotations
@@ -38,11 +40,14 @@ import numpy as np
 
 from ..errors import GraphError
 from .edit import prune, walk
+from .feeds import PAST_LENGTHS
 
 QUERY_SEQLENS = 16  # GroupQueryAttention's input index of query_seqlens (1.32)
 # GroupQueryAttention's length inputs (index: the graph input for_graph_capture makes of it)
 SEQLENS_K, TOTAL_LENGTH, QUERY_SEQLENS_INPUT = "seqlens_k", "total_sequence_length", "query_seqlens"
 LENGTH_INPUTS = {5: SEQLENS_K, 6: TOTAL_LENGTH, QUERY_SEQLENS: QUERY_SEQLENS_INPUT}
+# The rotary positions [b, l] int64, as a graph input of the capture rewrite (see the docstring).
+POSITION_IDS, SEQ = "position_ids", ["batch", "seq"]
 
 
 def needs_query_seqlens(version: str) -> bool:
@@ -85,9 +90,31 @@ def capture_inputs(model: Any, query_seqlens: bool = True) -> tuple[str, ...]:
     for name in added:
         shape = [] if name == TOTAL_LENGTH else ["batch"]
         model.graph.input.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.INT32, shape))
+    if _positions_as_input(model.graph):
+        added.append(POSITION_IDS)
+        model.graph.input.append(onnx.helper.make_tensor_value_info(POSITION_IDS, onnx.TensorProto.INT64, SEQ))
     if added:
         prune(model.graph)
     return tuple(added)
+
+
+def _positions_as_input(graph: Any) -> bool:
+    """Read the rotary positions, past_lengths[:, None] + arange(l) [b, l] (the outer model's
+    Add of an Unsqueeze of past_lengths and a Range), from the graph input POSITION_IDS instead;
+    whether the graph computed them."""
+    made = {o: n for n in graph.node for o in n.output}
+    for node in graph.node:
+        parts = sorted((made[i] for i in node.input if i in made), key=lambda n: n.op_type)
+        if node.op_type != "Add" or [n.op_type for n in parts] != ["Range", "Unsqueeze"]:
+            continue
+        if parts[1].input[0] != PAST_LENGTHS:
+            continue
+        for reader in walk(graph):
+            for i, name in enumerate(reader.input):
+                if name == node.output[0]:
+                    reader.input[i] = POSITION_IDS
+        return True
+    return False
 
 
 def length_feeds(names: tuple[str, ...], after: np.ndarray, new: int, total: int) -> dict[str, np.ndarray]:
@@ -96,7 +123,9 @@ def length_feeds(names: tuple[str, ...], after: np.ndarray, new: int, total: int
     captured step the KV capacity)."""
     feeds: dict[str, np.ndarray] = {}
     for name in names:
-        if name == SEQLENS_K:
+        if name == POSITION_IDS:
+            feeds[name] = (after - new)[:, None] + np.arange(new, dtype=np.int64)
+        elif name == SEQLENS_K:
             feeds[name] = (after - 1).astype(np.int32)
         elif name == TOTAL_LENGTH:
             feeds[name] = np.array(total, dtype=np.int32)
