@@ -92,3 +92,19 @@ def test_weights_in_an_external_data_file(jamba_onnx: Path, tmp_path: Path) -> N
     assert all(isinstance(a, np.memmap) for a in fixed.decode_session.weights[0].values())
     prompts = _prompts(1, 11)
     assert fixed.generate(prompts, **GREEDY) == plain.generate(prompts, **GREEDY)
+
+
+def test_a_quantized_graph_s_captured_steps_match(jamba_int4: Path) -> None:
+    """Regression: weights that onnxruntime's constant folding reads at load (the int4 graph's
+    scales, reshaped) were detached and the session failed to open; and unpacked, the int4
+    kernels of the decode session computed other logits (2.7e-3 apart, a greedy token changed)."""
+    plain, fixed = hybridrt.load(jamba_int4, "cpu"), hybridrt.load(jamba_int4, "cpu", cuda_graph=True)
+    assert fixed.decode_session is not None and fixed.decode_session.weights[0]
+    prompts = _prompts(2, 15)
+    assert fixed.generate(prompts, **GREEDY) == plain.generate(prompts, **GREEDY)
+    a, b = plain.stepper(2, 64), fixed.stepper(2, 64)
+    la, lb = a.forward(np.array(prompts)), b.forward(np.array(prompts))
+    for _ in range(6):
+        nxt = la.argmax(-1)[:, None]
+        la, lb = a.forward(nxt), b.forward(nxt)
+        np.testing.assert_allclose(lb, la, rtol=0, atol=1e-5)

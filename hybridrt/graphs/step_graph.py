@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import GraphError
 from .compat import capture_inputs, drop_query_seqlens
-from .edit import prune, walk
+from .edit import node_reads, prune, walk
 
 CONTROL_FLOW = ("Scan", "Loop", "If")
 
@@ -144,21 +144,31 @@ def _one_token(graph: Any) -> None:
             dims[1].dim_value = 1
 
 
+def quantized_weights(model: Any) -> bool:
+    """Whether the model holds weights of 8 bits or fewer (int8, int4: a quantized graph)."""
+    from onnx import TensorProto
+
+    small = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4)
+    return any(t.data_type in small for t in model.graph.initializer)
+
+
 def detach_weights(model: Any, directory: Path, graph_file: str, min_bytes: int = 1024) -> dict[str, Any]:
     """Move each initializer of at least `min_bytes` out of the model, in place, for sessions
     that are given the returned arrays (name -> numpy array: a copy of an embedded tensor, a
     read-only map of an external data file). What stays in the model refers to a position
     past the end of `graph_file`, so a session that read it instead of the given array fails
     rather than runs on other bytes. onnxruntime's optimizers read some weights from the graph
-    itself, and those stay: float16 ones (the CPU provider casts them to float32 at load) and
-    those a DequantizeLinear reads (its QDQ fusions)."""
+    itself, and those stay: the inputs of nodes that read nothing but weights (constant folding
+    computes them at load: a Reshape of int4 scales, a DequantizeLinear of int8 weights) and
+    float16 weights (the CPU provider casts them to float32 at load)."""
     import numpy as np
     from onnx import TensorProto, numpy_helper
 
-    read_by_qdq = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    weights = {t.name for t in model.graph.initializer}
+    folded = {i for n in model.graph.node if (reads := node_reads(n)) <= weights for i in reads}
     arrays: dict[str, Any] = {}
     for tensor in model.graph.initializer:
-        if tensor.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16) or tensor.name in read_by_qdq:
+        if tensor.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16) or tensor.name in folded:
             continue
         if tensor.data_location == TensorProto.EXTERNAL:
             where = {e.key: e.value for e in tensor.external_data}

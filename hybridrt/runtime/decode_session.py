@@ -9,14 +9,15 @@ same buffers in both (runtime.bound binds each session with its own IOBindings).
 Weights: on the CPU provider both sessions are given the same host arrays
 (SessionOptions.add_initializer, which onnxruntime uses in place on the CPU: a 400 MB Gather
 weight given to two sessions added nothing; add_external_initializers copied it into each),
-and the decode session does not pre-pack its MatMul weights, which would copy them. What
+and the decode session of a float graph does not pre-pack its MatMul weights, which would
+copy them (a quantized graph's does: its kernels compute differently unpacked). What
 onnxruntime's optimizers read from the graph itself stays in both graphs (graphs/step_graph.py,
 detach_weights). jamba-125m (457 MB of float32 weights), CPU, one thread, RSS after load:
-one session 680-695 MB; with cuda_graph and a second session over its own copy of the
-weights 2,278 MB; shared as here 1,003 MB (the arrays, and the prompt session's pre-packed
+one session 668-695 MB; with cuda_graph and a second session over its own copy of the
+weights 2,190-2,278 MB; shared as here 1,003 MB (the arrays, and the prompt session's pre-packed
 copies); the decode session pre-packing too 1,459 MB; neither session pre-packing (pass
 session_options with "session.disable_prepacking") 547 MB. Loading peaks at 1,460 MB (the
-graph read in Python to be rewritten). The unpacked decode step took 31-33 ms against 24-26
+graph read in Python to be rewritten). The unpacked decode step took 31-34 ms against 23-28
 pre-packed (a shared 2-core machine: rough).
 On a GPU each session copies its weights to the device: add_initializer's host arrays are no
 use in place there, so nothing is detached and the device holds the weights twice.
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..graphs.step_graph import split_for_capture
+from ..graphs.step_graph import quantized_weights, split_for_capture
 from .providers import CPU, ProviderSelection
 
 
@@ -54,6 +55,9 @@ def open_pair(
     """The uncaptured session over graph file `graph` (its ModelProto `model`, consumed) and the
     captured DecodeSession, opened with options (for prompts, for steps) on `selection`."""
     share = selection.names[0] == CPU
+    # onnxruntime's int4 and int8 kernels compute differently unpacked (jamba's int4 graph:
+    # logits 2.7e-3 apart, a greedy token changed): a quantized graph's decode session pre-packs
+    unpacked = share and not quantized_weights(model)
     prompts, steps, inputs, arrays = split_for_capture(model, graph, query_seqlens, share)
     del model  # its weights are in `arrays` now (or in the two graphs' bytes)
     values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in arrays.items()}
@@ -61,7 +65,7 @@ def open_pair(
         opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
         for name, value in values.items():
             opts.add_initializer(name, value)
-    if share:  # a pre-packed MatMul weight is a copy of it
+    if unpacked:  # a pre-packed MatMul weight is a copy of it
         options[1].add_session_config_entry("session.disable_prepacking", "1")
     uncaptured = [(name, {k: v for k, v in o.items() if k != "enable_cuda_graph"}) for name, o in selection.providers]
     main = ort.InferenceSession(prompts, options[0], providers=uncaptured)
