@@ -4,7 +4,9 @@ onnxruntime captures no session holding a control-flow node, and the Mamba1 grap
 per layer (graphs/step_graph.py). With cuda_graph the loader then opens the graph as it is,
 uncaptured, for prompts and every other call, and the one-token graph (its Scans inlined, the
 attention's lengths as inputs) for the decode steps that are captured. The states are the
-same buffers in both (runtime.bound binds each session with its own IOBindings).
+same buffers in both (runtime.bound binds each session with its own IOBindings). The decode
+session gets the loader's settings (threads, the shared pool, the log level) but not a caller's
+session_options, which onnxruntime offers no way to copy.
 
 Weights: on the CPU provider both sessions are given the same host arrays
 (SessionOptions.add_initializer, which onnxruntime uses in place on the CPU: a 400 MB Gather
