@@ -47,7 +47,7 @@ QUERY_SEQLENS = 16  # GroupQueryAttention's input index of query_seqlens (1.32)
 SEQLENS_K, TOTAL_LENGTH, QUERY_SEQLENS_INPUT = "seqlens_k", "total_sequence_length", "query_seqlens"
 LENGTH_INPUTS = {5: SEQLENS_K, 6: TOTAL_LENGTH, QUERY_SEQLENS: QUERY_SEQLENS_INPUT}
 # The rotary positions [b, l] int64, as a graph input of the capture rewrite (see the docstring).
-POSITION_IDS, SEQ = "position_ids", ["batch", "seq"]
+POSITION_IDS, SEQ = "position_ids", ("batch", "seq")
 
 
 def needs_query_seqlens(version: str) -> bool:
@@ -71,9 +71,9 @@ def for_graph_capture(graph: Path, query_seqlens: bool = True) -> tuple[bytes, t
 
 
 def capture_inputs(model: Any, query_seqlens: bool = True) -> tuple[str, ...]:
-    """Make GroupQueryAttention's lengths graph inputs, in place (see the module docstring),
-    without query_seqlens unless `query_seqlens`; returns the inputs added (none for a graph
-    without attention: its nodes unchanged)."""
+    """Make GroupQueryAttention's lengths and the rotary positions graph inputs, in place (see
+    the module docstring), without query_seqlens unless `query_seqlens`; returns the inputs
+    added (none for a graph without attention: its nodes unchanged)."""
     import onnx
 
     if not query_seqlens:
