@@ -18,7 +18,7 @@ ROOT=$(pwd)
 background() {  # checkpoints, float32 exports, then (once onnxruntime-gpu is in) float16 conversions
   cd /tmp/repo
   export PYTHONPATH=/tmp/repo TOKENIZERS_PARALLELISM=false
-  for n in granite-h-1b granite-h-350m; do
+  for n in granite-h-1b granite-h-350m jamba-125m; do  # jamba: Mamba1 (Scans) with attention
     d=/tmp/gw/bench/$n
     $PY benchmarks/make_bench_checkpoint.py /tmp/configs/$n.json -o $d/hf
     $PY -c "import sys, hybridrt; hybridrt.export_model(sys.argv[1], sys.argv[2], validate=False)" $d/hf $d/f32 \
@@ -33,6 +33,7 @@ background() {  # checkpoints, float32 exports, then (once onnxruntime-gpu is in
   convert /tmp/gw/bench/granite-h-1b/f32 /tmp/gw/bench/granite-h-1b/f16kv float16 &
   convert /tmp/gw/bench/granite-h-1b/f32 /tmp/gw/bench/granite-h-1b/f16 float32 &
   convert /tmp/gw/bench/granite-h-350m/f32 /tmp/gw/bench/granite-h-350m/f16kv float16 &
+  convert /tmp/gw/bench/jamba-125m/f32 /tmp/gw/bench/jamba-125m/f16kv float16 &
   wait
   echo "converted at $(date +%T)"
   touch /tmp/gw/ready
@@ -68,7 +69,7 @@ case "$1" in
     while [ ! -f /tmp/gw/ready ] && [ "$SECONDS" -lt $((budget / 2)) ]; do sleep 2; done
     cp /tmp/bg.log "$OUT/background.log"
     $PY scripts/gpu_check.py --work .gpuwork --bench-work /tmp/gw --out "$OUT" --skip-families \
-      --configs /tmp/configs/granite-h-1b.json /tmp/configs/granite-h-350m.json \
+      --configs /tmp/configs/granite-h-1b.json /tmp/configs/jamba-125m.json /tmp/configs/granite-h-350m.json \
       --runs hybridrt_f16kv_graph hybridrt_f16kv hybridrt_f32 torch_bf16 torch_f32 hybridrt_f16 serve \
       --serve-seconds 100 --budget $((budget - SECONDS - 20)) 2>&1 | tee "$OUT/bench.log" | cut -c1-400
     ;;

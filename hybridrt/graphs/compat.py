@@ -26,7 +26,9 @@ copies them across each step and refuses to capture. The rewrite makes them grap
 (`length_feeds` gives their values) and drops the nodes that computed them. A replay reads the
 total it was captured with, so the runtime feeds the KV buffers' capacity in captured steps
 (the kernels read each row's own length from seqlens_k, on the device) and the longest row in
-other calls (runtime.bound).
+other calls (runtime.bound). The graphs with rotary positions compute them from past_lengths
+too (past_lengths[:, None] + arange(l), int64, then cast for cos and sin): the rewrite makes
+them the input `position_ids`, so that no node of the rewritten graph reads past_lengths.
 """
 
 from __future__ import annotations
@@ -38,11 +40,14 @@ import numpy as np
 
 from ..errors import GraphError
 from .edit import prune, walk
+from .feeds import PAST_LENGTHS
 
 QUERY_SEQLENS = 16  # GroupQueryAttention's input index of query_seqlens (1.32)
 # GroupQueryAttention's length inputs (index: the graph input for_graph_capture makes of it)
 SEQLENS_K, TOTAL_LENGTH, QUERY_SEQLENS_INPUT = "seqlens_k", "total_sequence_length", "query_seqlens"
 LENGTH_INPUTS = {5: SEQLENS_K, 6: TOTAL_LENGTH, QUERY_SEQLENS: QUERY_SEQLENS_INPUT}
+# The rotary positions [b, l] int64, as a graph input of the capture rewrite (see the docstring).
+POSITION_IDS, SEQ = "position_ids", ("batch", "seq")
 
 
 def needs_query_seqlens(version: str) -> bool:
@@ -54,19 +59,25 @@ def needs_query_seqlens(version: str) -> bool:
 def for_onnxruntime_131(graph: Path) -> bytes | None:
     """The graph's bytes without GroupQueryAttention's query_seqlens, or None when it has none
     to drop (its weights stay in the external data file beside it)."""
-    model = _load(graph, "uses GroupQueryAttention's query_seqlens input, which onnxruntime 1.31 lacks")
-    return model.SerializeToString() if _drop_query_seqlens(model) else None
+    model = load_graph(graph, "uses GroupQueryAttention's query_seqlens input, which onnxruntime 1.31 lacks")
+    return model.SerializeToString() if drop_query_seqlens(model) else None
 
 
 def for_graph_capture(graph: Path, query_seqlens: bool = True) -> tuple[bytes, tuple[str, ...]]:
-    """The graph's bytes with GroupQueryAttention's lengths as graph inputs (see the module
-    docstring), without query_seqlens unless `query_seqlens`; and the inputs added (none for a
-    graph without attention: its nodes unchanged)."""
+    """The graph's bytes rewritten by `capture_inputs`, and the inputs it added."""
+    model = load_graph(graph, "is rewritten for CUDA graph capture")
+    added = capture_inputs(model, query_seqlens)
+    return model.SerializeToString(), added
+
+
+def capture_inputs(model: Any, query_seqlens: bool = True) -> tuple[str, ...]:
+    """Make GroupQueryAttention's lengths and the rotary positions graph inputs, in place (see
+    the module docstring), without query_seqlens unless `query_seqlens`; returns the inputs
+    added (none for a graph without attention: its nodes unchanged)."""
     import onnx
 
-    model = _load(graph, "is rewritten for CUDA graph capture")
     if not query_seqlens:
-        _drop_query_seqlens(model)
+        drop_query_seqlens(model)
     added: list[str] = []
     for node in model.graph.node:
         if node.op_type != "GroupQueryAttention":
@@ -79,9 +90,31 @@ def for_graph_capture(graph: Path, query_seqlens: bool = True) -> tuple[bytes, t
     for name in added:
         shape = [] if name == TOTAL_LENGTH else ["batch"]
         model.graph.input.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.INT32, shape))
+    if _positions_as_input(model.graph):
+        added.append(POSITION_IDS)
+        model.graph.input.append(onnx.helper.make_tensor_value_info(POSITION_IDS, onnx.TensorProto.INT64, SEQ))
     if added:
         prune(model.graph)
-    return model.SerializeToString(), tuple(added)
+    return tuple(added)
+
+
+def _positions_as_input(graph: Any) -> bool:
+    """Read the rotary positions, past_lengths[:, None] + arange(l) [b, l] (the outer model's
+    Add of an Unsqueeze of past_lengths and a Range), from the graph input POSITION_IDS instead;
+    whether the graph computed them."""
+    made = {o: n for n in graph.node for o in n.output}
+    for node in graph.node:
+        parts = sorted((made[i] for i in node.input if i in made), key=lambda n: n.op_type)
+        if node.op_type != "Add" or [n.op_type for n in parts] != ["Range", "Unsqueeze"]:
+            continue
+        if parts[1].input[0] != PAST_LENGTHS:
+            continue
+        for reader in walk(graph):
+            for i, name in enumerate(reader.input):
+                if name == node.output[0]:
+                    reader.input[i] = POSITION_IDS
+        return True
+    return False
 
 
 def length_feeds(names: tuple[str, ...], after: np.ndarray, new: int, total: int) -> dict[str, np.ndarray]:
@@ -90,7 +123,9 @@ def length_feeds(names: tuple[str, ...], after: np.ndarray, new: int, total: int
     captured step the KV capacity)."""
     feeds: dict[str, np.ndarray] = {}
     for name in names:
-        if name == SEQLENS_K:
+        if name == POSITION_IDS:
+            feeds[name] = (after - new)[:, None] + np.arange(new, dtype=np.int64)
+        elif name == SEQLENS_K:
             feeds[name] = (after - 1).astype(np.int32)
         elif name == TOTAL_LENGTH:
             feeds[name] = np.array(total, dtype=np.int32)
@@ -99,7 +134,9 @@ def length_feeds(names: tuple[str, ...], after: np.ndarray, new: int, total: int
     return feeds
 
 
-def _load(graph: Path, why: str) -> Any:
+def load_graph(graph: Path, why: str) -> Any:
+    """The graph's ModelProto (weights in an external data file left there), for a rewrite
+    that the loader runs: `why` says which, in the error when the onnx package is missing."""
     try:
         import onnx
     except ImportError:
@@ -110,7 +147,9 @@ def _load(graph: Path, why: str) -> Any:
     return onnx.load(str(graph), load_external_data=False)
 
 
-def _drop_query_seqlens(model: Any) -> bool:
+def drop_query_seqlens(model: Any) -> bool:
+    """Drop GroupQueryAttention's query_seqlens (onnxruntime 1.31 lacks it), in place; returns
+    whether the graph had one."""
     changed = False
     for node in walk(model.graph):
         if node.op_type == "GroupQueryAttention" and len(node.input) > QUERY_SEQLENS:

@@ -58,6 +58,8 @@ class BoundStepper(Stepper):
             raise ValueError(f"ring must be at least 1 (1: no rewinds, states in place), got {o.ring}")
         self.ring: int = o.ring
         self.capture, self.length_inputs, self.device = o.capture, o.length_inputs, o.device
+        # the session of captured steps (another one over the one-token graph, or this one)
+        self.step_session, self.step_inputs = o.decode or (session, o.length_inputs)
         self.on_host = self.device[0] == "cpu"
         self.kv = [s for s in self.pasts if s.is_kv]
         # onnxruntime's CUDA GroupQueryAttention (the fused graphs' attention) takes float16 and
@@ -140,18 +142,24 @@ class BoundStepper(Stepper):
         self.step_logits = np.empty((b, 1, self.vocab), dtype=np.float32)
         self._step_value = ort.OrtValue.ortvalue_from_numpy(self.step_logits)
         self._captured = (
-            CapturedStep(self.session, self.device, self.step_logits, self._step_value) if self.capture else None
+            CapturedStep(self.step_session, self.device, self.step_logits, self._step_value) if self.capture else None
         )
         self._bind()
 
     def _bind(self) -> None:
         """One prebound IOBinding per set of fixed states: binding k reads set k and writes set
-        k + 1 mod ring; every binding reads and writes the KV buffers."""
-        out_names = [o.name for o in self.session.get_outputs()]
-        self.bindings = [self.session.io_binding() for _ in range(self.sets)]
+        k + 1 mod ring; every binding reads and writes the KV buffers. Captured steps run on
+        bindings of their own session where it is another (an IOBinding belongs to one session)."""
+        self.bindings = self._bindings(self.session)
+        own = self.capture and self.step_session is not self.session
+        self.step_bindings = self._bindings(self.step_session) if own else self.bindings
         if self._captured is not None:
             self._captured.bound.clear()  # new bindings: the captured step binds them again
-        for k, binding in enumerate(self.bindings):
+
+    def _bindings(self, session: Any) -> list[Any]:
+        out_names = [o.name for o in session.get_outputs()]
+        bindings = [session.io_binding() for _ in range(self.sets)]
+        for k, binding in enumerate(bindings):
             # Bind every output once in graph order: get_outputs() keeps the order of first binding.
             written = self._fixed_values[(k + 1) % self.sets]
             outputs = {present_name(s.name): v for s, v in zip(self.fixed, written)}
@@ -165,20 +173,21 @@ class BoundStepper(Stepper):
                 binding.bind_ortvalue_input(s.name, value)
             for s, value in zip(self.kv, self._kv_values):
                 binding.bind_ortvalue_input(s.name, value)
+        return bindings
 
     def forward(self, ids: np.ndarray, all_logits: bool = False, last: int = 1) -> np.ndarray:
         feeds = self._feeds(ids, all_logits, last)
         binding = self.bindings[self.current]
         step = ids.shape[1] == 1 and not all_logits
         if step and self._captured is not None:
-            feeds |= length_feeds(self.length_inputs, self.lengths, 1, self.capacity)
+            feeds |= length_feeds(self.step_inputs, self.lengths, 1, self.capacity)
             kv_buffers = id(self._kv_values[0]) if self._kv_values else 0
-            logits = self._captured.run(binding, self.current, kv_buffers, feeds)
+            logits = self._captured.run(self.step_bindings[self.current], self.current, kv_buffers, feeds)
             self.current = (self.current + 1) % self.sets
             return logits
         if self.length_inputs:  # as the graph computed them before the rewrite (total: the longest row)
             feeds |= length_feeds(self.length_inputs, self.lengths, ids.shape[1], int(self.lengths.max()))
-        if self._captured is not None:
+        if self._captured is not None and self.step_bindings is self.bindings:
             self._captured.bound.discard(self.current)  # its inputs are these host arrays now
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)

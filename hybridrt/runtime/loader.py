@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..default_model import DEFAULT_NAME, model_dir
 from ..errors import GraphError, ProviderError
-from ..graphs.compat import for_graph_capture, for_onnxruntime_131, needs_query_seqlens
+from ..graphs.compat import capture_inputs, for_onnxruntime_131, load_graph, needs_query_seqlens
 from ..graphs.contract import TensorSpec, present_name
 from ..graphs.files import as_path
 from ..graphs.manifest import MANIFEST, Manifest, read_manifest, verify_files
+from ..graphs.step_graph import control_flow
+from .decode_session import DecodeSession, open_pair
 from .model import Model
 from .providers import CPU, CUDA, ProviderRequest, ProviderSelection, device_of, select_providers, threads_from_env
 from .text import load_tokenizer
@@ -101,8 +103,9 @@ def load(
       the step's inputs and outputs stay in fixed device buffers, updated in place, and the graph
       is opened with GroupQueryAttention's lengths as inputs (graphs/compat.py).
       onnxruntime refuses the session unless every compute node runs on the GPU (float32
-      attention does not: quantize --mode float16 --kv-dtype float16). On another provider
-      the same graph and fixed buffers run without capture.
+      attention does not: quantize --mode float16 --kv-dtype float16), nor a Scan: a Mamba1
+      graph's captured steps run on its one-token form in a second session (decode_session.py);
+      on another provider the same graphs and fixed buffers run without capture.
     manifest: the manifest of a directory still being written (export and quantize measure
       their output before they describe it on disk); read from the directory when not given.
     """
@@ -118,13 +121,27 @@ def load(
         raise ProviderError("cuda_graph replays steps bound to fixed buffers: it needs io_binding (leave it on)")
     if CUDA in selection.names:
         _preload_cuda(ort)
-    session, rewritten, length_inputs = _session(ort, graph, selection, session_options, capture)
-    _check_providers(session, selection, strict=not (auto or allow_fallback))
-    check_session(session, manifest, directory, extra_inputs=length_inputs)
+    session, rewritten, length_inputs, steps = _session(ort, graph, selection, session_options, capture)
+    _check_sessions(session, length_inputs, steps, selection, manifest, directory, not (auto or allow_fallback))
     model = _model(directory, manifest, session, bind)
     model.batched_chunks = not rewritten  # 1.31's kernel: a chunk after a past takes one row
-    model.cuda_graph, model.length_inputs = capture, length_inputs
+    model.cuda_graph, model.length_inputs, model.decode_session = capture, length_inputs, steps
     return model
+
+
+def _check_sessions(
+    session: Any,
+    length_inputs: tuple[str, ...],
+    steps: DecodeSession | None,
+    selection: ProviderSelection,
+    manifest: Manifest,
+    directory: Path,
+    strict: bool,
+) -> None:
+    """The providers and the IO of the session, and of the decode session where there is one."""
+    for opened, inputs in ((session, length_inputs), *([(steps.session, steps.inputs)] if steps else [])):
+        _check_providers(opened, selection, strict)
+        check_session(opened, manifest, directory, extra_inputs=inputs)
 
 
 def _model(directory: Path, manifest: Manifest, session: Any, io_binding: bool) -> Model:
@@ -184,9 +201,53 @@ def _session(
     selection: ProviderSelection,
     options: onnxruntime.SessionOptions | None = None,
     capture: bool = False,
-) -> tuple[Any, bool, tuple[str, ...]]:
-    """The session, whether it runs the graph rewritten for onnxruntime 1.31 (compat.py), and
-    the attention lengths it reads as inputs (rewritten for capture)."""
+) -> tuple[Any, bool, tuple[str, ...], DecodeSession | None]:
+    """The session, whether it runs the graph rewritten for onnxruntime 1.31 (compat.py), the
+    attention lengths it reads as inputs (rewritten for capture), and for a captured graph with
+    control flow the second session that runs its decode steps (runtime/decode_session.py)."""
+    opts = _options(ort, selection, options)
+    if capture:
+        old = not needs_query_seqlens(ort.__version__)
+        model = load_graph(graph, "is rewritten for CUDA graph capture")
+        try:
+            if control_flow(model):
+                main, step = open_pair(ort, model, graph, selection, (opts, _options(ort, selection)), not old)
+                return main, old, (), step
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
+            length_inputs = capture_inputs(model, query_seqlens=not old)
+            data = model.SerializeToString()
+            del model
+            return ort.InferenceSession(data, opts, providers=selection.providers), old, length_inputs, None
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ProviderError(
+                f"ONNX Runtime cannot capture {graph} as a CUDA graph: {first}; every compute node must run on "
+                "the GPU (attention too: quantize --mode float16 --kv-dtype float16), or load without cuda_graph"
+            ) from None
+    try:
+        return ort.InferenceSession(str(graph), opts, providers=selection.providers), False, (), None
+    except Exception as e:
+        error = e
+    # onnxruntime 1.31 (onnxruntime-gpu's newest) refuses the fused graphs' GroupQueryAttention
+    # input query_seqlens: open a copy without it (graphs/compat.py), the weights read from here.
+    rewritten = None if needs_query_seqlens(ort.__version__) else for_onnxruntime_131(graph)
+    if rewritten is not None:
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
+        try:
+            return ort.InferenceSession(rewritten, opts, providers=selection.providers), True, (), None
+        except Exception as e:
+            error = e
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    raise GraphError(
+        f"ONNX Runtime cannot load {graph}: {first}; the file is corrupt (re-export the model) "
+        f"or needs a newer onnxruntime than {ort.__version__}"
+    ) from None
+
+
+def _options(
+    ort: Any, selection: ProviderSelection, options: onnxruntime.SessionOptions | None = None
+) -> onnxruntime.SessionOptions:
+    """`options` (or new ones) with the loader's settings: threads, the shared pool, the log level."""
     global _SESSIONS_OPENED
     opts = ort.SessionOptions() if options is None else options
     if not isinstance(opts, ort.SessionOptions):
@@ -201,36 +262,7 @@ def _session(
     elif opts.intra_op_num_threads == 0 and (n := threads_from_env()) is not None:
         opts.intra_op_num_threads = n
     _SESSIONS_OPENED = True
-    if capture:
-        old = not needs_query_seqlens(ort.__version__)
-        data, length_inputs = for_graph_capture(graph, query_seqlens=not old)
-        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
-        try:
-            return ort.InferenceSession(data, opts, providers=selection.providers), old, length_inputs
-        except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ProviderError(
-                f"ONNX Runtime cannot capture {graph} as a CUDA graph: {first}; every compute node must run on "
-                "the GPU (attention too: quantize --mode float16 --kv-dtype float16), or load without cuda_graph"
-            ) from None
-    try:
-        return ort.InferenceSession(str(graph), opts, providers=selection.providers), False, ()
-    except Exception as e:
-        error = e
-    # onnxruntime 1.31 (onnxruntime-gpu's newest) refuses the fused graphs' GroupQueryAttention
-    # input query_seqlens: open a copy without it (graphs/compat.py), the weights read from here.
-    rewritten = None if needs_query_seqlens(ort.__version__) else for_onnxruntime_131(graph)
-    if rewritten is not None:
-        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
-        try:
-            return ort.InferenceSession(rewritten, opts, providers=selection.providers), True, ()
-        except Exception as e:
-            error = e
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    raise GraphError(
-        f"ONNX Runtime cannot load {graph}: {first}; the file is corrupt (re-export the model) "
-        f"or needs a newer onnxruntime than {ort.__version__}"
-    ) from None
+    return opts
 
 
 def _check_providers(session: Any, selection: ProviderSelection, strict: bool) -> None:
@@ -249,7 +281,7 @@ def _check_providers(session: Any, selection: ProviderSelection, strict: bool) -
 
 def check_session(session: Any, manifest: Manifest, directory: Path, extra_inputs: tuple[str, ...] = ()) -> None:
     """The session's inputs and outputs are the manifest's, in order, with its ranks and dtypes
-    (besides `extra_inputs`, which a rewrite added: compat.for_graph_capture)."""
+    (besides `extra_inputs`, which a rewrite added: compat.capture_inputs)."""
     for kind, specs, args in (
         ("input", manifest.inputs, [a for a in session.get_inputs() if a.name not in extra_inputs]),
         ("output", manifest.outputs, session.get_outputs()),

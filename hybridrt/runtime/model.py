@@ -4,6 +4,7 @@ chat_session.py; streams and time limits: streaming.py)."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from . import decode as dec
 from .beam import beam_search
 from .bound import BoundStepper
 from .chat_session import ChatSession
+from .decode_session import DecodeSession
 from .evaluate import evaluate
 from .input_checks import check_cache_use, check_rows_fit, rows_that_fit
 from .prefix_cache import StateCache
@@ -73,6 +75,9 @@ class Model:
         # length_inputs: attention's lengths the graph reads as inputs (graphs/compat.py).
         self.cuda_graph = False
         self.length_inputs: tuple[str, ...] = ()
+        # With cuda_graph on a graph with control flow: the session of the one-token graph that
+        # runs the captured steps (runtime/decode_session.py); None: this session runs them.
+        self.decode_session: DecodeSession | None = None
         special = manifest.special_tokens
         eos = special.get("eos_token_id")
         self.eos_token_ids: tuple[int, ...] = () if eos is None else tuple(np.atleast_1d(eos).astype(int).tolist())
@@ -282,6 +287,8 @@ class Model:
         fixed-size states it keeps, so that it can rewind ring - 1 calls; with 1 (no rewinds)
         the states that can be are read and written in place (runtime.bound)."""
         options = StepOptions(self.device, ring, self.cuda_graph, self.length_inputs, self.batched_chunks)
+        if self.decode_session is not None:
+            options = replace(options, decode=(self.decode_session.session, self.decode_session.inputs))
         if self.io_binding:
             return BoundStepper(self.inference_session, self.manifest, batch, capacity, options)
         from .plain import PlainStepper  # for comparison and debugging: imported only when asked for

@@ -15,9 +15,8 @@ Two implementations, one interface:
   KV written in place, fixed-size states in a ring of sets. The default.
 - PlainStepper (runtime.plain): numpy feeds through session.run each call, for comparison and debugging.
 
-Rewinding: KV needs only the lengths set back (positions past a row's length are never
-read, and the next call overwrites them); the fixed-size (conv, SSM) states need their
-values from the mark, which a BoundStepper keeps in its ring (see there).
+Rewinding: KV needs only the lengths set back (positions past a row's length are never read, and the next
+call overwrites them); the fixed-size (conv, SSM) states need their values from the mark, kept in a ring.
 
 Shapes: b = batch, s = new tokens this call, C = KV capacity, V = vocabulary.
 """
@@ -84,15 +83,16 @@ class StepOptions:
     device: where the states live (runtime.bound); ring: the sets of fixed-size states kept, so
     that a batch can rewind ring - 1 calls (1: no rewinds, states in place); capture: decode
     steps replayed as CUDA graphs, with attention's `length_inputs` as graph inputs
-    (graphs/compat.py); batched_chunks: whether a call of several tokens after a past may hold
-    several rows (not on onnxruntime 1.31's GroupQueryAttention, where prefill runs such rows
-    one at a time)."""
+    (graphs/compat.py), or in `decode` (another session, its added inputs); batched_chunks:
+    whether a call of several tokens after a past may hold several rows (not on onnxruntime
+    1.31's GroupQueryAttention, where prefill runs such rows one at a time)."""
 
     device: tuple[str, int] = ("cpu", 0)
     ring: int = 1
     capture: bool = False
     length_inputs: tuple[str, ...] = ()
     batched_chunks: bool = True
+    decode: tuple[Any, tuple[str, ...]] | None = None
 
 
 class Stepper:
