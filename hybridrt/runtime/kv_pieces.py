@@ -28,14 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from ..graphs.contract import TensorSpec
-
-if TYPE_CHECKING:
-    from .cache_entry import Entry
 
 
 @dataclass(eq=False)
@@ -43,11 +40,23 @@ class Piece:
     arrays: list[np.ndarray]  # one per KV past: positions start..end
     start: int
     end: int
-    holders: set[Entry] = field(default_factory=set)  # the entries whose KV it is part of
+    holders: set[Any] = field(default_factory=set)  # the entries (Holder) whose KV it is part of
     nbytes: int = 0
 
     def __post_init__(self) -> None:
         self.nbytes = sum(a.nbytes for a in self.arrays)
+
+
+class Holder(Protocol):
+    """What holds pieces: a cache entry (runtime.cache_entry.Entry), its KV and its length."""
+
+    kv: list[Piece]
+
+    @property
+    def length(self) -> int: ...
+
+
+H = TypeVar("H", bound=Holder)
 
 
 def span(x: np.ndarray, spec: TensorSpec, start: int, end: int) -> np.ndarray:
@@ -71,7 +80,7 @@ def merged(pasts: Sequence[TensorSpec], fixed: Sequence[np.ndarray], kv: Sequenc
 
 
 def pieces_for(
-    kv: Sequence[np.ndarray], specs: Sequence[TensorSpec], length: int, base: Entry | None
+    kv: Sequence[np.ndarray], specs: Sequence[TensorSpec], length: int, base: Holder | None
 ) -> tuple[list[Piece], Piece | None]:
     """The pieces of a KV of `length` positions (kv: one array per KV past, at least that many
     positions): those of `base` (an entry in memory whose tokens start ours, or None), then a
@@ -90,10 +99,10 @@ def pieces_for(
     return [*shared, piece], piece
 
 
-def hold(entry: Entry, pieces: list[Piece]) -> list[Entry]:
+def hold(entry: H, pieces: list[Piece]) -> list[H]:
     """entry's KV is `pieces`; returns the entries that held one of them alone before (leaving,
     they now free less)."""
-    before: list[Entry] = []
+    before: list[H] = []
     for piece in pieces:
         if len(piece.holders) == 1:
             before.extend(piece.holders)
@@ -102,11 +111,11 @@ def hold(entry: Entry, pieces: list[Piece]) -> list[Entry]:
     return before
 
 
-def release(entry: Entry) -> tuple[int, list[Entry]]:
+def release(entry: H) -> tuple[int, list[H]]:
     """entry lets its pieces go: the bytes of those no other entry holds (freed), and the
     entries that now hold one alone (leaving, they now free more)."""
     freed = 0
-    alone: list[Entry] = []
+    alone: list[H] = []
     for piece in entry.kv:
         piece.holders.discard(entry)
         if not piece.holders:
