@@ -333,6 +333,25 @@ def _fmt(values: list[Any]) -> str:
     return ", ".join("-" if v is None else f"{v:.0f}" for v in values)
 
 
+def medians(rounds: list[dict[str, Any]]) -> list[str]:
+    """With several rounds: each server's median TTFT by turn over the rounds, for the workloads
+    taken turn by turn, and the first server's against the second's (a turn's figure in one round
+    moves with the host by about as much as the servers differ)."""
+    names = list(rounds[0]) if rounds else []
+    kinds = [("completions conversation", "completions_conversation"), ("chat conversation", "chat_conversation")]
+    kinds.append(("agent, 10 steps", "agent"))
+    kinds = [(t, w) for t, w in kinds if all(w in r[n] for r in rounds for n in names)]
+    if len(rounds) < 2 or len(names) != 2 or not kinds:
+        return []
+    lines = [f"## Median over the {len(rounds)} rounds", "", f"| workload | {' | '.join(names)} | ratio |"]
+    lines.append("|---|---|---|---|")
+    for title, w in kinds:
+        per = [[statistics.median(v) for v in zip(*(r[n][w]["ttft_ms"] for r in rounds))] for n in names]
+        ratio = ", ".join(f"{a / b:.2f}" for a, b in zip(*per))
+        lines.append(f"| {title}: TTFT by turn, ms | {_fmt(per[0])} | {_fmt(per[1])} | {ratio} |")
+    return [*lines, ""]
+
+
 def report(results: dict[str, Any], out: Path) -> None:
     """A Markdown table per round (out.md) and TTFT by turn per workload (out.png)."""
     lines = ["# Prefix state cache, turn by turn (benchmarks/bench_prefix_cache.py)", ""]
@@ -360,6 +379,7 @@ def report(results: dict[str, Any], out: Path) -> None:
             if all(workload in r for r in record.values()):
                 lines.append(f"| {name} | " + " | ".join(cell(r[workload]) for r in record.values()) + " |")
         lines.append("")
+    lines += medians(results["rounds"])
     if "many_conversations" in results:
         m = results["many_conversations"]
         lines += [
