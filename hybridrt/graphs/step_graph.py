@@ -8,10 +8,10 @@ put back), and fixes input_ids to one token so that onnxruntime refuses any othe
 selective_scan's body this is the step that models/ops/selective_scan.py measured at 21 us as
 plain nodes against 27 us for the Scan at one token.
 
-`for_decode_steps` is the graph the loader opens for captured steps when the graph has a Scan:
-the capture rewrite (compat.for_graph_capture's lengths and positions as inputs) and the scans
-inlined. The loader keeps the graph as it is for prompts (uncaptured), and shares the weights
-between the two sessions (runtime/shared_weights.py).
+`split_for_capture` gives the graph the loader opens for captured steps when the graph has a
+Scan: the capture rewrite (compat.capture_inputs: lengths and positions as inputs) and the
+scans inlined. The loader keeps the graph as it is for prompts (uncaptured), and shares the
+weights between the two sessions (runtime/decode_session.py).
 """
 
 from __future__ import annotations
