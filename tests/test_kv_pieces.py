@@ -33,13 +33,14 @@ def _row(model: hybridrt.runtime.Model, tokens: list[int]) -> Snapshot:
 
 def _held(cache: StateCache) -> int:
     """Bytes the entries in memory hold, counted from the arrays themselves: the memory each
-    array is a view of (its base's), once however many entries refer to it."""
+    array is a view of (its base's), once however many entries refer to it; and the KV pieces
+    of an entry being stored (its own states count once it is in)."""
     roots: dict[int, int] = {}
-    for entry in cache.entries:
+    for _, entry in cache.tree.values():
         if entry.states is None:
             continue
-        arrays = [*entry.states, *([] if entry.logits is None else [entry.logits])]
-        for x in arrays + [a for piece in entry.kv for a in piece.arrays]:
+        own = [*entry.states, *([] if entry.logits is None else [entry.logits])] if entry in cache.entries else []
+        for x in own + [a for piece in entry.kv for a in piece.arrays]:
             while isinstance(x.base, np.ndarray):
                 x = x.base
             roots[id(x)] = x.nbytes

@@ -217,6 +217,7 @@ def test_checkpoints_inside_a_prompt_follow_its_length(jamba_onnx: Path, llama_o
     marks = cache.plan(list(range(3, 4099)), 0)  # 4096 new tokens: every 256
     assert marks == [*range(256, 4096, 256), 4096 - TAIL, 4096]
     assert cache.plan(list(range(3, 4099)), 3900) == [4096 - TAIL, 4096]  # 196 new tokens: tail and end
+    assert cache.plan(list(range(3, 4099)), 3900, tail=False) == [4096]  # a row continued exactly
     assert jamba.state_cache(spacing=256).plan(list(range(3, 900)), 100) == [256, 512, 768, 897 - TAIL, 897]
     # Not within a quarter spacing after the start (512: 12 past 500) or before the tail (1024).
     assert cache.plan(list(range(3, 1103)), 500) == [768, 1024, 1100 - TAIL, 1100]
@@ -242,6 +243,10 @@ def test_a_chat_session_resumes_a_conversation_a_cache_has_seen(jamba_onnx: Path
     for t, reply in zip(turns, replies):
         out, stats = again.generate_with_stats(t, max_new_tokens=5)
         assert out == reply and stats.cached_tokens > 0
+    # The first session's later turns continued its row exactly: no checkpoint before their
+    # ends (prefix_plan.TAIL); its first prompt, from nothing, has one.
+    depths = {e.length for e in cache.entries}
+    assert 20 - TAIL in depths and 20 + 5 + 20 in depths and 20 + 5 + 20 - TAIL not in depths
 
 
 def test_cache_options_are_checked(jamba_onnx: Path) -> None:
@@ -370,3 +375,34 @@ def test_a_row_s_fixed_states_are_copied_into_one_block_made_ready_while_idle(ja
         stepper.forward(np.asarray([[7 + k]], dtype=np.int64))  # (other states than the read ones)
         cache.put([500 + k] * int(stepper.lengths[0]), stepper.row(0, cache.blocks))
     assert read is not None and all(np.array_equal(a, b) for a, b in zip(read, copy))
+
+
+def test_a_conversation_s_passed_checkpoints_leave_before_another_s_last(jamba_onnx: Path) -> None:
+    """Each turn of a conversation resumes past its earlier turns' checkpoints (a pass each):
+    when memory runs short, those leave first, and an older conversation keeps its last state,
+    the one its next turn resumes from."""
+    model = hybridrt.load(jamba_onnx)
+    turns = {c: [random_prompt(32, seed=c)[: 8 * (t + 1)] for t in range(4)] for c in (1, 2)}
+    rows = {}
+    for c, prompts in turns.items():
+        stepper = model.stepper(1, 40)
+        for t, p in enumerate(prompts):
+            stepper.forward(np.asarray([p[8 * t :]], dtype=np.int64))
+            rows[c, t] = stepper.row(0)
+
+    def converse(cache: StateCache, c: int) -> None:
+        for t, p in enumerate(turns[c]):
+            hit = cache.lookup(p)  # as a conversation resent as text: a hit on the last turn's end
+            assert (hit.snapshot.length if hit else 0) == 8 * t
+            cache.plan(p, 8 * t)
+            cache.put(p, rows[c, t])
+            assert cache.memory <= cache.memory_bytes
+
+    probe = model.state_cache(memory_bytes=2**28)
+    converse(probe, 1)
+    cache = model.state_cache(memory_bytes=probe.memory + rows[2, 0].nbytes)
+    converse(cache, 1)
+    converse(cache, 2)
+    assert cache.stats.evictions >= 2
+    for c in (1, 2):  # each conversation's next turn resumes from its last state
+        assert cache.lookup(turns[c][-1] + [1]).snapshot.length == 32  # type: ignore[union-attr]

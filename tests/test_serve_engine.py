@@ -44,6 +44,16 @@ def _submit(engine: Engine, prompt: list[int], **kwargs: object) -> tuple[Reques
     return req, result
 
 
+def _answered(engine: Engine, prompt: list[int], parked: bool = False) -> Result:
+    """prompt's 6 tokens, once done (`parked`: once the engine has kept its emptied batch)."""
+    result = _submit(engine, prompt, max_new_tokens=6)[1]
+    assert result.done.wait(60)
+    deadline = time.monotonic() + 10
+    while parked and engine.prompts.idle is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return result
+
+
 def _engine(model: hybridrt.runtime.Model, **kwargs: int) -> Engine:
     engine = Engine(model, EngineConfig(**kwargs)).start()
     assert engine.ready.wait(60)
@@ -388,15 +398,35 @@ def test_a_retokenized_turn_resumes_a_few_tokens_before_the_last_prompt_ended(ja
     engine = _engine(model, slots=2, chunk=8)
     try:
         first = _prompt(40)
-        a = _submit(engine, first, max_new_tokens=6)[1]
-        assert a.done.wait(60)
+        a = _answered(engine, first)
         merged = [(first[-1] + 1) % 300 + 3]  # the last token, tokenized with the reply's start
         turn = first[:-1] + merged + a.tokens + _prompt(12, seed=3)
-        b = _submit(engine, turn, max_new_tokens=6)[1]
-        assert b.done.wait(60)
+        b = _answered(engine, turn)
     finally:
         engine.stop()
     assert b.cached == len(first) - TAIL and b.tokens == model.generate(turn, max_new_tokens=6)
+
+
+def test_a_chat_s_next_turn_continued_in_the_kept_row_stores_no_tail_checkpoint(jamba_onnx: Path) -> None:
+    """A prompt that continues the kept row's tokens exactly (a chat template's next turn) gets
+    no checkpoint TAIL tokens before its end, which only a conversation resent as text needs
+    (prefix_plan): its prefill is one call, not two. The first prompt, from nothing, has one."""
+    from hybridrt.runtime.prefix_plan import TAIL
+
+    model = hybridrt.load(jamba_onnx)
+    engine = _engine(model, slots=2, chunk=64)
+    try:
+        first = _prompt(40)
+        a = _answered(engine, first, parked=True)
+        turn = first + a.tokens + _prompt(12, seed=3)
+        b = _answered(engine, turn)
+        assert engine.cache is not None
+        depths = {e.length for e in engine.cache.entries}
+    finally:
+        engine.stop()
+    assert b.cached == len(first) + len(a.tokens) - 1  # continued in the kept row
+    assert b.tokens == model.generate(turn, max_new_tokens=6)
+    assert len(first) - TAIL in depths and len(turn) in depths and len(turn) - TAIL not in depths
 
 
 def test_the_checkpoint_before_a_prompts_last_call_holds_that_positions_states(jamba_onnx: Path) -> None:

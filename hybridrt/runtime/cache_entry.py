@@ -27,6 +27,7 @@ class Entry:
     has_logits: bool
     file: str | None = None  # its name in the disk tier
     hits: int = 0
+    passes: int = 0  # requests that resumed deeper on its path since it was stored (StateCache.plan)
     priority: float = 0.0
     base: float = 0.0  # the cache's clock when it was last stored or used
     used: int = 0  # when it was last stored or used (breaks ties in value: the older leaves first)
@@ -51,10 +52,17 @@ class Entry:
 
     def value(self) -> float:
         """Prefill seconds per byte it saves beyond its nearest stored ancestor (which a lookup
-        would resume from without it), times one plus its hits; its bytes are those its leaving
-        frees (`unshared`: KV its descendants share stays)."""
+        would resume from without it), times one plus its hits, over one plus its passes
+        (prefills that started at or past it) and one more if a state is stored below it: a
+        conversation's next turn resumes from its last state and goes on past it, so its
+        earlier checkpoints serve only a request that parts from it there (an edit, a
+        regenerated turn), while a shared prompt that request after request resumes from keeps
+        its worth. Its bytes are those its leaving frees (`unshared`: KV its descendants share
+        stays). Radix nodes without a value or children are pruned: a node with children has a
+        stored state below it."""
         saves = self.cost * (self.length - self.node.held_above()) / max(self.length, 1)
-        return (self.hits + 1) * saves / max(self.unshared(), 1)
+        covered = 1 if self.node.children else 0
+        return (self.hits + 1) / (self.passes + 1 + covered) * saves / max(self.unshared(), 1)
 
     def own(self) -> int:
         """Bytes in memory that are its alone whatever it shares: its fixed states and logits."""
@@ -90,6 +98,12 @@ class CacheStats:
     saved_seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
 
+    def hit(self, tokens: int, seconds: float) -> None:
+        """A lookup resumed `tokens` tokens, saving about `seconds` of prefill."""
+        self.hits += 1
+        self.hit_tokens += tokens
+        self.saved_seconds += seconds
+
 
 def candidates(
     tree: RadixTree[Entry], match: Match[Entry], length: int, whole: bool, cut: bool
@@ -107,6 +121,24 @@ def candidates(
         deeper = next((e for _, e in tree.below(match.end) if e.length >= agree), None)
         if deeper is not None:
             found.insert(0, (deeper, agree))
+    return found
+
+
+def around(tree: RadixTree[Entry], entry: Entry) -> list[Entry]:
+    """The entries whose value entry's coming or leaving changes: its nearest stored ancestor
+    (whether a state is stored below it) and those below it (what they save beyond theirs)."""
+    up = entry.node.above()
+    below = [e for _, e in tree.below(entry.node) if e is not entry]
+    return below if up is None or up.value is None else [up.value, *below]
+
+
+def passed(match: Match[Entry], start: int) -> list[Entry]:
+    """The entries on `match`'s path that a request prefilling from `start` passes (stored at or
+    before it: the one it resumed from too, whose hit it has spent), each counted a pass
+    (Entry.value)."""
+    found = [e for n, e in match.path if n.depth <= start]
+    for entry in found:
+        entry.passes += 1
     return found
 
 

@@ -105,7 +105,7 @@ def prefill_cached(stepper: Stepper, tokens: Sequence[int], cache: StateCache) -
     """Bring row 0 (which has seen tokens[:stepper.lengths[0]]) to the end of `tokens` from the
     deepest state `cache` holds for them, storing states at its checkpoints on the way
     (runtime.prefix_cache); returns the last logits [1, V] and the tokens resumed from it."""
-    seen = int(stepper.lengths[0])
+    seen = continued = int(stepper.lengths[0])  # the row's own tokens: a ChatSession's, continued exactly
     hit = cache.lookup(tokens)
     resumed = 0
     if hit is not None and hit.snapshot.length > seen:
@@ -117,7 +117,7 @@ def prefill_cached(stepper: Stepper, tokens: Sequence[int], cache: StateCache) -
             return hit.logits, resumed
     if seen >= len(tokens):
         raise ValueError(f"nothing to prefill: the states have seen {seen} of {len(tokens)} tokens")
-    marks = cache.plan(tokens, seen)
+    marks = cache.plan(tokens, seen, tail=not (continued and seen == continued))
     ids = np.asarray([tokens], dtype=np.int64)
     while seen < len(tokens):
         end = chunk_end(seen, PREFILL_CHUNK, len(tokens), marks)

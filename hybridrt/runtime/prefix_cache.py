@@ -4,10 +4,11 @@ optionally, on disk (runtime.state_files). Where a prefill stores them is runtim
 
 Memory is a budget (default: MEMORY_SHARE of the memory available at start). When it is
 exceeded, entries leave in order of value (GreedyDual-Size-Frequency: prefill seconds the entry
-saves per byte, times one plus its hits, on top of a clock that rises with each eviction, so
-old entries age out). What an entry saves is counted beyond its nearest stored ancestor, which
-a lookup would resume from without it: a request's end after a long shared system prompt saves
-its few own tokens, not the whole prompt again, and leaves before a fresh prompt's state. An
+saves per byte, times one plus its hits over one plus its passes (requests that resumed past
+it), on top of a clock that rises with each eviction, so old entries age out). What an entry
+saves is counted beyond its nearest stored ancestor, which a lookup would resume from without
+it: a request's end after a long shared system prompt saves its few own tokens, not the whole
+prompt again; a conversation's checkpoints its later turns passed leave before another's last. An
 entry's KV is shared with its ancestors (runtime.kv_pieces): it copies only the positions past
 the nearest one in memory, each piece is counted once, and its bytes for valuing are those its
 leaving frees. With a directory, an evicted entry moves to disk (its own file, its KV whole,
@@ -31,7 +32,7 @@ import numpy as np
 
 from ..errors import GenerationError
 from ..graphs.contract import TensorSpec
-from .cache_entry import CacheStats, Entry, Hit, candidates, stored_entries
+from .cache_entry import CacheStats, Entry, Hit, around, candidates, passed, stored_entries
 from .host_blocks import KEEP, Blocks, aligned, alone
 from .input_checks import available_memory
 from .kv_pieces import hold, pieces_for, release, split
@@ -110,15 +111,17 @@ class StateCache:
         if tokens > 0 and seconds > 0:
             self.seconds_per_token = 0.8 * self.seconds_per_token + 0.2 * seconds / tokens
 
-    def plan(self, tokens: Sequence[int], start: int, others: Sequence[Sequence[int]] = ()) -> list[int]:
-        """Checkpoint positions after `start` for a prefill of `tokens` (runtime.prefix_plan);
-        `others` are prompts queued beside it."""
-        if not self.recurrent:
-            return marks(len(tokens), start, False, self.spacing, self.state_bytes, self.seconds_per_token, [])
+    def plan(
+        self, tokens: Sequence[int], start: int, others: Sequence[Sequence[int]] = (), tail: bool = True
+    ) -> list[int]:
+        """Checkpoint positions after `start` for a prefill of `tokens` (runtime.prefix_plan; tail=False: a row's
+        tokens continued exactly); `others`: prompts queued beside it. Entries passed count it (Entry.value)."""
         with self.lock:
-            parts = [self.tree.match(tokens).agree] if self.entries else []
-        parts += [common_prefix(tokens, o) for o in others]
-        return marks(len(tokens), start, True, self.spacing, self.state_bytes, self.seconds_per_token, parts)
+            match = self.tree.match(tokens) if self.entries else None
+            self._reprice([] if match is None else passed(match, start))
+        parts = ([] if match is None else [match.agree]) + [common_prefix(tokens, o) for o in others]
+        rates = (self.spacing, self.state_bytes, self.seconds_per_token)
+        return marks(len(tokens), start, self.recurrent, *rates, parts, tail)
 
     def lookup(
         self, tokens: Sequence[int], whole: bool = False, counted: bool = True, widen: bool = True
@@ -147,9 +150,7 @@ class StateCache:
                     states = widened(states)
                 logits = logits if length == len(tokens) == entry.length else None
                 if counted:
-                    self.stats.hits += 1
-                    self.stats.hit_tokens += length
-                    self.stats.saved_seconds += length * self.seconds_per_token
+                    self.stats.hit(length, length * self.seconds_per_token)
                 return Hit(Snapshot(states, length), None if logits is None else logits.copy(), match.agree)
             return None
 
@@ -170,9 +171,8 @@ class StateCache:
         if snapshot.length != len(tokens):
             raise ValueError(f"a snapshot of {snapshot.length} tokens stored under {len(tokens)}")
         row_logits = None if logits is None else np.array(logits[:1], dtype=np.float32)
-        states, block = list(snapshot.states), snapshot.block
-        if self.stored == "bfloat16":
-            states, block = narrowed(states), None
+        whole = self.stored == "float32"
+        states, block = (list(snapshot.states), snapshot.block) if whole else (narrowed(snapshot.states), None)
         nbytes = sum(x.nbytes for x in states) + (0 if row_logits is None else row_logits.nbytes)
         if nbytes > self.memory_bytes and (self.files is None or nbytes > self.files.cap):
             return  # it would leave at once
@@ -189,15 +189,16 @@ class StateCache:
             fixed, kv = split(self.pasts, states)
             entry = Entry(node, nbytes, cost, fixed, row_logits, row_logits is not None, block=block)
             pieces, new = pieces_for(kv, self.kv_specs, len(tokens), base)
-            self._reprice(hold(entry, pieces))  # before any eviction: the shared pieces stay
+            self._reprice(hold(entry, pieces[: len(pieces) - (new is not None)]))  # the shared ones stay
             if old is not None:
                 self._forget(old, keep_node=True)
                 entry.hits = old.hits
             node.value = entry
             entry.priority = self._priority(entry)
-            self._reprice([e for _, e in self.tree.below(node) if e is not entry])
+            self._reprice(around(self.tree, entry))  # its ancestor now has a state below it
             incoming = entry.own() + (0 if new is None else new.nbytes)
             self._fit(incoming)  # room first: the budget holds at every moment, not after the fact
+            hold(entry, pieces)  # its own piece too, counted from here
             self.entries.add(entry)
             self.memory += incoming
             self._reprice([entry])  # ancestors that left meanwhile may have left it pieces alone
@@ -260,9 +261,9 @@ class StateCache:
         if entry.file is not None:
             self._drop_file(entry)
         if not keep_node:
-            below = [e for _, e in self.tree.below(entry.node) if e is not entry]
+            near = around(self.tree, entry)
             self.tree.remove(entry.node)
-            self._reprice(below)
+            self._reprice(near)
 
     def _unload(self, entry: Entry) -> None:
         """entry's states leave memory (to disk, or gone); KV pieces another entry holds stay."""
@@ -314,8 +315,8 @@ class StateCache:
             self.disk += entry.nbytes
         self._reprice(list(self.entries))  # each counted beyond its ancestors, read in any order
         if self.entries:
-            where = self.files.where
-            log.info("prefix cache: %d stored states (%.1f MB) found in %s", len(self.entries), self.disk / 1e6, where)
+            n, where = len(self.entries), self.files.where
+            log.info("prefix cache: %d stored states (%.1f MB) found in %s", n, self.disk / 1e6, where)
         self._fit()
 
     def _write(self, entry: Entry) -> bool:

@@ -17,7 +17,10 @@ seen. States are therefore stored at checkpoints (`marks`):
   it), unless that is within MIN_BRANCH tokens of where the prefill starts;
 - TAIL tokens before a prompt's end: a conversation resent as text is tokenized again, and the
   reply's first characters may merge with the prompt's last token, so the next turn agrees
-  with this one up to a few tokens before its end, never to the end itself;
+  with this one up to a few tokens before its end, never to the end itself. Not for a prompt
+  that continues a kept row's tokens exactly (a chat template's next turn, a ChatSession's):
+  its client resends the reply as it was generated, so its next turn will continue this
+  one's reply end too, and the tail's call (about a decode step's time) is saved;
 - at a prompt's end (with its last logits: the same prompt again prefills nothing) and at a
   reply's end (what a chat template's next turn continues from).
 
@@ -75,15 +78,16 @@ def marks(
     state_bytes: int,
     seconds_per_token: float,
     branches: Sequence[int],
+    tail: bool = True,
 ) -> list[int]:
     """Checkpoint positions in (start, end] for a prefill of tokens start..end (see the module
-    docstring): `spacing` tokens apart (None: spacing_for), TAIL before the end, at the end,
-    and at the `branches` (where the prompt parts from what is stored or queued) that are
-    MIN_BRANCH past the start. Without recurrent state, the end alone."""
+    docstring): `spacing` tokens apart (None: spacing_for), TAIL before the end (if `tail`), at
+    the end, and at the `branches` (where the prompt parts from what is stored or queued) that
+    are MIN_BRANCH past the start. Without recurrent state, the end alone."""
     if not recurrent:  # KV can be cut to any prefix: the end is enough
         return [end] if end > start else []
     found = {end}
-    if end - TAIL > start:
+    if tail and end - TAIL > start:
         found.add(end - TAIL)
     every = spacing_for(end - start, state_bytes, seconds_per_token) if spacing is None else spacing
     if every and end - start >= 2 * every:  # not within a quarter spacing of the start or the tail

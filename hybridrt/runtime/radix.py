@@ -33,11 +33,16 @@ class Node(Generic[V]):
             node = node.parent
         return [t for edge in reversed(parts) for t in edge]
 
-    def held_above(self) -> int:
-        """The depth of the nearest node above this one that holds a value (0: none)."""
+    def above(self) -> Node[V] | None:
+        """The nearest node above this one that holds a value (None: none)."""
         node = self.parent
         while node is not None and node.value is None:
             node = node.parent
+        return node
+
+    def held_above(self) -> int:
+        """The depth of the nearest node above this one that holds a value (0: none)."""
+        node = self.above()
         return 0 if node is None else node.depth
 
 

@@ -253,7 +253,9 @@ class Prompts:
         logits of the prompt where the cache held it whole (nothing to prefill)."""
         cache = self.cache if self.cache.enabled else None
         # A scored prompt needs the logits of every position, which the cache does not keep.
-        if cache is not None and req.prompt_logprobs is None and not self._continued(req):
+        usable = cache is not None and req.prompt_logprobs is None
+        continued = usable and self._continued(req)  # (no tail checkpoint then: prefix_plan)
+        if cache is not None and usable and not continued:
             hit = cache.lookup(req.prompt)
             if hit is None:
                 self.metrics.cache_misses.inc()
@@ -262,7 +264,7 @@ class Prompts:
                 if hit.logits is not None:
                     req.marks = []
                     return hit.logits
-        req.marks = [] if cache is None else cache.plan(req.prompt, req.fed, others())
+        req.marks = [] if cache is None else cache.plan(req.prompt, req.fed, others(), tail=not continued)
         return None
 
     def _continued(self, req: Request) -> bool:
