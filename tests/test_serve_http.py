@@ -139,6 +139,18 @@ def test_models_and_api_key(server: Running, client: openai.OpenAI) -> None:
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
 
 
+def test_a_server_s_numpy_arrays_get_plain_pages(server: Running) -> None:
+    """build() turns numpy's transparent huge page advice off (serve.server.plain_pages: a new
+    state buffer's first write otherwise stalls on memory compaction before a first token)."""
+    from numpy._core import multiarray
+
+    from hybridrt.serve.server import plain_pages
+
+    assert multiarray._set_madvise_hugepage(False) is False  # (it returns the setting it replaces)
+    multiarray._set_madvise_hugepage(True)
+    assert plain_pages() and multiarray._set_madvise_hugepage(False) is False
+
+
 def test_metrics(server: Running, client: openai.OpenAI) -> None:
     client.completions.create(model="default", prompt="import sys\n", max_tokens=5, temperature=0)
     text = httpx.get(server.url + "/metrics", headers=AUTH).text

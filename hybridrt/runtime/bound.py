@@ -214,10 +214,11 @@ class BoundStepper(Stepper):
             return self._kv_host, self._fixed_host[self.current]
         return [v.numpy() for v in self._kv_values], [v.numpy() for v in self._fixed_values[self.current]]
 
-    def grow(self, need: int) -> None:
-        super().grow(need)
+    def grow(self, need: int, keep: bool = True) -> None:
+        super().grow(need, keep)
         if self.on_host:  # only KV depends on the capacity: the fixed states stay in their buffers
-            self._kv_pool = [widened_kv(x, s, self.batch, self.capacity) for s, x in zip(self.kv, self._kv_pool)]
+            rows = self.batch if keep else 0
+            self._kv_pool = [widened_kv(x, s, rows, self.capacity) for s, x in zip(self.kv, self._kv_pool)]
             self._view()
             return
         kv = [_fit(v.numpy(), s, self.capacity) for s, v in zip(self.kv, self._kv_values)]
@@ -309,8 +310,7 @@ class BoundStepper(Stepper):
         if not self.on_host:
             super()._clear(row)
             return
-        kv, fixed = self._host()
-        for x in (*kv, *fixed):
+        for x in self._host()[1]:  # KV: nothing (past_lengths masks it; see put_row)
             x[row] = 0
 
     def _reorder(self, index: np.ndarray) -> None:

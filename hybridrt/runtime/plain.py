@@ -34,8 +34,8 @@ class PlainStepper(Stepper):
     def _restore(self, data: Any) -> None:
         self._states = [_fit(x, s, self.capacity) for s, x in zip(self.pasts, data)]
 
-    def grow(self, need: int) -> None:
-        super().grow(need)
+    def grow(self, need: int, keep: bool = True) -> None:
+        super().grow(need, keep)
         self._states = [_fit(x, s, self.capacity) for s, x in zip(self.pasts, self._states)]
 
     def _arrays(self) -> list[np.ndarray]:

@@ -36,7 +36,9 @@ def build(
 ) -> tuple[Engine, Any]:
     """A started engine (loading its model, and the assistant model if any, on its own
     thread) and the app over it; or, for {served name: model}, an engine per model (the first
-    returned) and `routes` between them."""
+    returned) and `routes` between them. The process's numpy arrays get plain pages from here
+    on (plain_pages)."""
+    plain_pages()
     if not isinstance(model, dict):
         eng = Engine(model, engine, assistant=assistant).start()
         return eng, create_app(eng, config, routes)
@@ -45,6 +47,28 @@ def build(
     check_routes(routes, list(model))
     engines = {name: Engine(m, engine, assistant=assistant).start() for name, m in model.items()}
     return next(iter(engines.values())), create_app(engines, config, routes)
+
+
+def plain_pages() -> bool:
+    """Ask numpy not to madvise its large arrays (4 MB and more) for transparent huge pages,
+    as NUMPY_MADVISE_HUGEPAGE=0 does at its import; False where this numpy has no such switch.
+    Where the kernel compacts memory to find a huge page at the first write (THP defrag
+    "madvise", a common default), a state buffer written for the first time stalls: a server
+    does that between a request's arrival and its first token (a kept batch grown for a longer
+    conversation, a cached state read into it). Measured on granite-h-350m's agent steps
+    (2-core x86): 4.5-49.5 ms to restore a state, 5.6-13.3 ms with plain pages; prefill and
+    decode speed the same within noise, five alternations each."""
+    import importlib
+
+    for name in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        try:
+            toggle = getattr(importlib.import_module(name), "_set_madvise_hugepage", None)
+        except ImportError:
+            continue
+        if toggle is not None:
+            toggle(False)
+            return True
+    return False
 
 
 def _uvicorn(app: Any, host: str, port: int, log_level: str) -> Any:
