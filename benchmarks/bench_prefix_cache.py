@@ -394,20 +394,25 @@ def report(results: dict[str, Any], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    last = results["rounds"][-1]
+    rounds = results["rounds"]
     panels = [
         w
         for w in ("completions_conversation", "chat_conversation", "agent", "shared_system_prompt")
-        if all(w in r for r in last.values())
+        if all(w in r for record in rounds for r in record.values())
     ]
     if not panels:
         return
     fig, grid = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
     axes = grid[0]
-    for ax, w in zip(axes, panels):
-        for name, r in last.items():
-            ax.plot(range(1, len(r[w]["ttft_ms"]) + 1), r[w]["ttft_ms"], marker="o", label=name)
-        ax.set_title(w.replace("_", " "), fontsize=9)
+    for ax, w in zip(axes, panels):  # each server's median over the rounds; each round faint
+        for k, name in enumerate(rounds[0]):
+            each = [record[name][w]["ttft_ms"] for record in rounds]
+            turns = range(1, len(each[0]) + 1)
+            for one in each if len(each) > 1 else []:
+                ax.plot(turns, one, color=f"C{k}", alpha=0.25, linewidth=0.8)
+            ax.plot(turns, [statistics.median(v) for v in zip(*each)], color=f"C{k}", marker="o", label=name)
+        of = f" (median of {len(rounds)} rounds)" if len(rounds) > 1 else ""
+        ax.set_title(w.replace("_", " ") + of, fontsize=9)
         ax.set_xlabel("turn / request")
         ax.set_yscale("log" if w == "shared_system_prompt" else "linear")
     axes[0].set_ylabel("time to first token, ms")
