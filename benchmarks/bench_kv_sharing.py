@@ -20,6 +20,10 @@ MiB shared; LFM2's 90 entries 43.9 MiB, 1.03 MiB. In 2 MiB, four conversations: 
 (Llama; LFM2: 2), the last state of one conversation, against 120 (LFM2: 141) and two. Median
 put 0.14 ms either way (LFM2: 0.17, 0.20 ms: the copy of the positions past the ancestor); a
 lookup 0.04 ms, 0.19 ms shared (LFM2: 0.05, 0.27 ms: the pieces joined into one array).
+At the serving bench's granite-h-350m int4 shape (--conversations 4 --turns 16 --budget-mb 512,
+27 MB of fixed states a checkpoint): the kept entries resume 8,218 of the conversations' tokens
+(each keeps a state within 34 tokens of its end), against 5,652 when a conversation's
+checkpoints that its later turns had passed were valued as any other (runtime.cache_entry).
 """
 
 from __future__ import annotations
