@@ -27,7 +27,7 @@ class Entry:
     has_logits: bool
     file: str | None = None  # its name in the disk tier
     hits: int = 0
-    passes: int = 0  # requests that resumed deeper on its path since it was stored (StateCache.plan)
+    passes: int = 0  # prefills on its path that started at or past it (StateCache.plan)
     priority: float = 0.0
     base: float = 0.0  # the cache's clock when it was last stored or used
     used: int = 0  # when it was last stored or used (breaks ties in value: the older leaves first)
