@@ -380,7 +380,9 @@ def test_a_row_s_fixed_states_are_copied_into_one_block_made_ready_while_idle(ja
 def test_a_conversation_s_passed_checkpoints_leave_before_another_s_last(jamba_onnx: Path) -> None:
     """Each turn of a conversation resumes past its earlier turns' checkpoints (a pass each):
     when memory runs short, those leave first, and an older conversation keeps its last state,
-    the one its next turn resumes from."""
+    the one its next turn resumes from. Regression: every checkpoint was valued by the turn it
+    saves beyond the one before it, the last state as any other, and four conversations in a
+    512 MiB cache at the granite-h-350m shape kept nothing of the oldest one."""
     model = hybridrt.load(jamba_onnx)
     turns = {c: [random_prompt(32, seed=c)[: 8 * (t + 1)] for t in range(4)] for c in (1, 2)}
     rows = {}
