@@ -407,25 +407,33 @@ def test_a_retokenized_turn_resumes_a_few_tokens_before_the_last_prompt_ended(ja
     assert b.cached == len(first) - TAIL and b.tokens == model.generate(turn, max_new_tokens=6)
 
 
-def test_a_chat_s_next_turn_continued_in_the_kept_row_stores_no_tail_checkpoint(jamba_onnx: Path) -> None:
-    """A prompt that continues the kept row's tokens exactly (a chat template's next turn) gets
-    no checkpoint TAIL tokens before its end, which only a conversation resent as text needs
-    (prefix_plan): its prefill is one call, not two. The first prompt, from nothing, has one."""
+@pytest.mark.parametrize("alongside", [False, True], ids=["kept_row", "stored_reply_end"])
+def test_a_chat_s_next_turn_stores_no_tail_checkpoint(jamba_onnx: Path, alongside: bool) -> None:
+    """A prompt that continues exactly the tokens the kept row holds, or (with another request
+    decoding when the reply ended, so its row was not kept) a reply end stored in the cache, is
+    a chat template's next turn: it gets no checkpoint TAIL tokens before its end, which only a
+    conversation resent as text needs (prefix_plan), so its prefill is one call, not two. The
+    first prompt, from nothing, has one; the turn's tokens equal generate's."""
     from hybridrt.runtime.prefix_plan import TAIL
 
     model = hybridrt.load(jamba_onnx)
     engine = _engine(model, slots=2, chunk=64)
     try:
         first = _prompt(40)
-        a = _answered(engine, first, parked=True)
+        if alongside:
+            a = _submit(engine, first, max_new_tokens=6)[1]
+            b = _submit(engine, _prompt(30, seed=7), max_new_tokens=30)[1]  # still decoding when a ends
+            assert a.done.wait(60) and b.done.wait(60)
+        else:
+            a = _answered(engine, first, parked=True)
         turn = first + a.tokens + _prompt(12, seed=3)
-        b = _answered(engine, turn)
+        c = _answered(engine, turn)
         assert engine.cache is not None
         depths = {e.length for e in engine.cache.entries}
     finally:
         engine.stop()
-    assert b.cached == len(first) + len(a.tokens) - 1  # continued in the kept row
-    assert b.tokens == model.generate(turn, max_new_tokens=6)
+    assert c.cached == len(first) + len(a.tokens) - 1  # resumed at the reply's end
+    assert c.tokens == model.generate(turn, max_new_tokens=6)
     assert len(first) - TAIL in depths and len(turn) in depths and len(turn) - TAIL not in depths
 
 

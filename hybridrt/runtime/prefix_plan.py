@@ -18,9 +18,13 @@ seen. States are therefore stored at checkpoints (`marks`):
 - TAIL tokens before a prompt's end: a conversation resent as text is tokenized again, and the
   reply's first characters may merge with the prompt's last token, so the next turn agrees
   with this one up to a few tokens before its end, never to the end itself. Not for a prompt
-  that continues a kept row's tokens exactly (a chat template's next turn, a ChatSession's):
-  its client resends the reply as it was generated, so its next turn will continue this
-  one's reply end too, and the tail's call (about a decode step's time) is saved;
+  that continues a kept row's tokens exactly or resumes at a stored reply's end (a chat
+  template's next turn, a ChatSession's): its client resends the reply as it was generated,
+  so its next turn will likely continue this one's reply end too, and the tail's call (about
+  a decode step's time, ~22 ms on granite-h-350m) is saved. Should a later reply's first
+  characters merge with this prompt's last token after all (a reply that opens with a
+  newline after a template's "assistant\n"), that turn resumes from the turn before this one:
+  one turn's prefill again, once, and its own prompt gets a tail again;
 - at a prompt's end (with its last logits: the same prompt again prefills nothing) and at a
   reply's end (what a chat template's next turn continues from).
 
