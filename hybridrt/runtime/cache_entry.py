@@ -33,6 +33,7 @@ class Entry:
     used: int = 0  # when it was last stored or used (breaks ties in value: the older leaves first)
     block: np.ndarray | None = None  # the memory its fixed states are views of (runtime.host_blocks)
     kv: list[Piece] = field(default_factory=list)  # its KV in memory, pieces shared along its path (runtime.kv_pieces)
+    reply: bool = False  # stored at a reply's end: a chat template's next turn resumes there
 
     @property
     def length(self) -> int:
@@ -79,11 +80,13 @@ class Entry:
 @dataclass(frozen=True)
 class Hit:
     """A lookup's answer: resume from `snapshot` (its length tokens seen) and, when the whole
-    request is stored, its last `logits` [1, V]; `agree` tokens agreed with what was stored."""
+    request is stored, its last `logits` [1, V]; `agree` tokens agreed with what was stored;
+    `reply`: the snapshot is a reply's end (put(reply=True))."""
 
     snapshot: Snapshot
     logits: np.ndarray | None
     agree: int
+    reply: bool = False
 
 
 @dataclass

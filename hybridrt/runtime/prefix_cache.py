@@ -1,24 +1,23 @@
-"""Prefix state cache: states after chosen prefixes of prompts and replies, found by longest
-common prefix in a radix tree (runtime.radix), kept in memory within a byte budget and,
-optionally, on disk (runtime.state_files). Where a prefill stores them is runtime.prefix_plan's.
+"""Prefix state cache: states after chosen prefixes of prompts and replies, found by longest common
+prefix in a radix tree (runtime.radix), kept in memory within a byte budget and, optionally, on
+disk (runtime.state_files). Where a prefill stores them is runtime.prefix_plan's.
 
-Memory is a budget (default: MEMORY_SHARE of the memory available at start). When it is
-exceeded, entries leave in order of value (GreedyDual-Size-Frequency: prefill seconds the entry
-saves per byte, times one plus its hits over one plus its passes (requests that resumed past
-it), on top of a clock that rises with each eviction, so old entries age out). What an entry
-saves is counted beyond its nearest stored ancestor, which a lookup would resume from without
-it: a request's end after a long shared system prompt saves its few own tokens, not the whole
-prompt again; a conversation's checkpoints its later turns passed leave before another's last. An
-entry's KV is shared with its ancestors (runtime.kv_pieces): it copies only the positions past
-the nearest one in memory, each piece is counted once, and its bytes for valuing are those its
-leaving frees. With a directory, an evicted entry moves to disk (its own file, its KV whole,
-read back when a lookup needs it) instead of vanishing, within its own byte cap; a server
-restarted on the same directory finds them again. Files live under the model's identity (a hash
-of every file the export lists and of its state specs): another model never reads them. A
-directory that cannot be written turns the disk tier off with a warning; no request fails for
-it. States are exact by default; `stored="bfloat16"` (opt-in, apart on disk) halves float32
-ones' bytes, a resumed request then close to a cold one (benchmarks/bench_state_dtype.py: how
-close)."""
+Memory is a budget (default: MEMORY_SHARE of the memory available at start). When it is exceeded,
+entries leave in order of value (GreedyDual-Size-Frequency: prefill seconds the entry saves per
+byte, times one plus its hits over one plus its passes (requests that resumed past it), on top of
+a clock that rises with each eviction, so old entries age out). What an entry saves is counted
+beyond its nearest stored ancestor, which a lookup would resume from without it: a request's end
+after a long shared system prompt saves its few own tokens, not the whole prompt again; a
+conversation's checkpoints its later turns passed leave before another's last. An entry's KV is
+shared with its ancestors (runtime.kv_pieces): it copies only the positions past the nearest one
+in memory, each piece is counted once, and its bytes for valuing are those its leaving frees.
+With a directory, an evicted entry moves to disk (its own file, its KV whole, read back when a
+lookup needs it) instead of vanishing, within its own byte cap; a server restarted on the same
+directory finds them again. Files live under the model's identity (a hash of every file the
+export lists and of its state specs): another model never reads them; an unwritable directory
+turns the disk tier off with a warning, failing no request. States are exact by default;
+`stored="bfloat16"` (opt-in, apart on disk) halves float32 ones' bytes, a resumed request then
+close to a cold one (benchmarks/bench_state_dtype.py: how close)."""
 
 from __future__ import annotations
 
@@ -148,10 +147,10 @@ class StateCache:
                     states = [_fit(x, s, length) for s, x in zip(self.pasts, states)]
                 if self.stored == "bfloat16" and widen:
                     states = widened(states)
-                logits = logits if length == len(tokens) == entry.length else None
+                logits = logits.copy() if logits is not None and length == len(tokens) == entry.length else None
                 if counted:
                     self.stats.hit(length, length * self.seconds_per_token)
-                return Hit(Snapshot(states, length), None if logits is None else logits.copy(), match.agree)
+                return Hit(Snapshot(states, length), logits, match.agree, entry.reply and length == entry.length)
             return None
 
     def depth(self, tokens: Sequence[int]) -> int:
@@ -163,9 +162,10 @@ class StateCache:
             found = candidates(self.tree, self.tree.match(tokens), len(tokens), False, False)
             return max((d for _, d in found), default=0)
 
-    def put(self, tokens: Sequence[int], snapshot: Snapshot, logits: np.ndarray | None = None) -> None:
-        """Store the states after `tokens` (snapshot.length == len(tokens)), with the last
-        position's logits when known."""
+    def put(
+        self, tokens: Sequence[int], snapshot: Snapshot, logits: np.ndarray | None = None, reply: bool = False
+    ) -> None:
+        """The states after `tokens` (snapshot.length of them), their last logits if known; reply: a reply's end."""
         if not self.enabled or not tokens:
             return
         if snapshot.length != len(tokens):
@@ -180,19 +180,19 @@ class StateCache:
             match = self.tree.match(tokens)
             old = match.path[0][1] if match.path and match.path[0][0].depth == len(tokens) else None
             if old is not None and (old.has_logits or row_logits is None):
-                old.hits += 1  # the same states again: keep the entry, count it as used
+                old.hits, old.reply = old.hits + 1, old.reply or reply  # the same states: count a use
                 old.priority = self._priority(old)
                 return
             base = next((e for _, e in match.path if e.states is not None), None)  # KV shared with it
             node, _ = self.tree.insert(tokens, None)  # type: ignore[arg-type]
             cost = len(tokens) * self.seconds_per_token
             fixed, kv = split(self.pasts, states)
-            entry = Entry(node, nbytes, cost, fixed, row_logits, row_logits is not None, block=block)
+            entry = Entry(node, nbytes, cost, fixed, row_logits, row_logits is not None, block=block, reply=reply)
             pieces, new = pieces_for(kv, self.kv_specs, len(tokens), base)
             self._reprice(hold(entry, pieces[: len(pieces) - (new is not None)]))  # the shared ones stay
             if old is not None:
                 self._forget(old, keep_node=True)
-                entry.hits = old.hits
+                entry.hits, entry.reply = old.hits, entry.reply or old.reply
             node.value = entry
             entry.priority = self._priority(entry)
             self._reprice(around(self.tree, entry))  # its ancestor now has a state below it

@@ -265,12 +265,12 @@ class Engine:
         for i, req in enumerate(self.running):
             if self._advance(req, logits[i : i + 1]):
                 keep.append(i)
-            elif self.prompts is not None and self.prompts.cache.enabled:
+            elif self.cache is not None and self.cache.enabled:
                 # The states have seen all but the reply's last token: a chat turn continues here.
                 # A lone row stays where it is (Prompts.park) until another request needs it.
                 seen = req.prompt + req.tokens[:-1]
                 if len(self.running) > 1:
-                    self.prompts.store_reply(seen, self.batch.row(i, self.prompts.cache.blocks))
+                    self.cache.put(seen, self.batch.row(i, self.cache.blocks), None, reply=True)
         self._keep(keep, seen if len(self.running) == 1 else None)
 
     def _speculate(self) -> None:
@@ -279,9 +279,9 @@ class Engine:
         req = self.running[0]
         if not self.speculation.round(self.batch, req, self._decode, partial(self._emit, req)):
             # Finished inside the round: the row is back to before the round's call.
-            if self.prompts is not None and self.prompts.cache.enabled:
+            if self.cache is not None and self.cache.enabled:
                 seen = (req.prompt + req.tokens)[: int(self.batch.lengths[0])]
-                self.prompts.store_reply(seen, self.batch.row(0, self.prompts.cache.blocks))
+                self.cache.put(seen, self.batch.row(0, self.cache.blocks), None, reply=True)
             self._keep([])
 
     def _advance(self, req: Request, logits: np.ndarray) -> bool:

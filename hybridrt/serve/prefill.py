@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -43,12 +42,7 @@ TIDY_AFTER_S = 0.05  # idle this long before idle work (Prompts.wait_idle)
 # for a core behind the copies and the next decode step (first token to client 6-15 ms later
 # on 2 cores, granite-h-350m's agent steps; 0.5-0.9 ms with it).
 HAND_OFF_S = 0.001
-REPLIES_KEPT = 4096  # reply ends remembered (Prompts.store_reply)
 ALONE_CHUNKS = 2  # a prefill call takes this many chunks while no request decodes
-
-
-def _key(tokens: Sequence[int]) -> int:
-    return hash((len(tokens), tuple(tokens)))
 
 
 def warm_up(model: Model, assistant: Model | None) -> float:
@@ -118,7 +112,6 @@ class Prompts:
         # and the kept row is stored after that request's first token, not before its prefill.
         self.spare: Stepper | None = None
         self.held: list[np.ndarray] | None = None  # a prompt's fixed states before its last call
-        self.replies: OrderedDict[int, None] = OrderedDict()  # store_reply's, newest last
 
     def park(self, batch: Stepper, seen: list[int] | None = None) -> None:
         """Keep the emptied decode batch for the next request; `seen`: what its one row holds.
@@ -133,18 +126,6 @@ class Prompts:
         kept row has seen goes to the cache first."""
         self._store_idle()
         self.idle = self.spare = None
-
-    def store_reply(self, seen: list[int], row: Snapshot) -> None:
-        """A reply's end (`seen`: the prompt and all but the reply's last token) into the cache,
-        remembered as one: a prompt that resumes there is a chat template's next turn (its row
-        not kept, with other requests running), planned without a tail checkpoint (prefix_plan).
-        A hash's rare collision costs that one prompt a checkpoint, never a wrong state."""
-        self.cache.put(seen, row, None)
-        key = _key(seen)
-        self.replies[key] = None
-        self.replies.move_to_end(key)
-        while len(self.replies) > REPLIES_KEPT:
-            self.replies.popitem(last=False)
 
     def store_kept(self) -> None:
         """A request's first token is out: the kept row it did not prefill in goes to the cache
@@ -173,7 +154,7 @@ class Prompts:
 
     def _store_idle(self, keep: bool = False) -> None:
         if self.idle is not None and self.idle_seen is not None and not self.idle_stored:
-            self.store_reply(self.idle_seen, self.idle.row(0, self.cache.blocks))
+            self.cache.put(self.idle_seen, self.idle.row(0, self.cache.blocks), None, reply=True)
         self.idle_stored = keep and self.idle_seen is not None
         self.idle_seen = self.idle_seen if keep else None
 
@@ -286,7 +267,7 @@ class Prompts:
                 self.metrics.cache_misses.inc()
             else:
                 self._resumed(req, hit.snapshot.length, hit.snapshot)
-                continued = _key(req.prompt[: hit.snapshot.length]) in self.replies  # at a reply's end
+                continued = hit.reply  # at a reply's end: a chat template's next turn
                 if hit.logits is not None:
                     req.marks = []
                     return hit.logits
