@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from resuming import cached_prefill, cold_prefill, random_prompt
+from resuming import cached_prefill, cold_prefill, parted, random_prompt
 
 import hybridrt
 from hybridrt.runtime.cache_entry import Entry
@@ -91,7 +91,7 @@ def test_requests_resumed_from_shared_pieces_match_cold_ones(model: hybridrt.run
     depths = [n.depth for n, _ in cache.tree.match(history).path]
     assert max(len(_entry(cache, history[:d]).kv) for d in depths) >= 4
     for d in depths:
-        tokens = history[: d + 1]
+        tokens = parted(history, d) if d < len(history) else history
         logits, resumed = cached_prefill(model, tokens, cache)
         assert resumed == d and np.abs(logits - cold_prefill(model, tokens)).max() <= TOL
     out, stats = model.generate_with_stats(history[: depths[0]] + [5, 9], cache=cache, max_new_tokens=8)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from checkpoints import make_jamba
 from family_checkpoints import make_granitemoehybrid
-from resuming import cached_prefill, cold_prefill, random_prompt
+from resuming import cached_prefill, cold_prefill, parted, random_prompt
 
 import hybridrt
 from hybridrt.errors import GenerationError
@@ -68,11 +68,12 @@ def test_a_prompt_resumes_from_the_deepest_checkpoint_before_it_differs(
     assert np.abs(logits - cold_prefill(model, r)).max() <= TOL
     # Every state stored on p's path, and p itself (its last logits: nothing to prefill).
     depths = [n.depth for n, _ in cache.tree.match(p).path if n.depth <= len(p)]
-    assert len(p) in depths and (len(p) - TAIL in depths) == model.manifest.recurrent
+    assert len(p) in depths and (len(p) - cache.tails.of(p) in depths) == model.manifest.recurrent
     for d in depths:
-        logits, resumed = cached_prefill(model, p[: d + 1] if d < len(p) else p, cache)
+        tokens = parted(p, d) if d < len(p) else p
+        logits, resumed = cached_prefill(model, tokens, cache)
         assert resumed == d
-        assert np.abs(logits - cold_prefill(model, p[: d + 1] if d < len(p) else p)).max() <= TOL
+        assert np.abs(logits - cold_prefill(model, tokens)).max() <= TOL
 
 
 def test_states_on_disk_resume_after_a_restart_and_never_for_another_model(jamba_onnx: Path, tmp_path: Path) -> None:
@@ -244,9 +245,11 @@ def test_a_chat_session_resumes_a_conversation_a_cache_has_seen(jamba_onnx: Path
         out, stats = again.generate_with_stats(t, max_new_tokens=5)
         assert out == reply and stats.cached_tokens > 0
     # The first session's later turns continued its row exactly: no checkpoint before their
-    # ends (prefix_plan.TAIL); its first prompt, from nothing, has one.
+    # ends (prefix_plan's tail); its first prompt, from nothing, has one.
     depths = {e.length for e in cache.entries}
-    assert 20 - TAIL in depths and 20 + 5 + 20 in depths and 20 + 5 + 20 - TAIL not in depths
+    second = turns[0] + replies[0] + turns[1]
+    assert 20 - cache.tails.of(turns[0]) in depths and len(second) in depths
+    assert len(second) - cache.tails.of(second) not in depths
 
 
 def test_cache_options_are_checked(jamba_onnx: Path) -> None:

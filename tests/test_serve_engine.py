@@ -391,9 +391,8 @@ def test_a_retokenized_turn_resumes_a_few_tokens_before_the_last_prompt_ended(ja
     """Regression: a conversation resent as text over /v1/completions is tokenized again, and
     the reply's first characters can merge with the prompt's last token, so no stored prompt
     or reply end started the next turn and every turn prefilled its whole history. The state
-    stored TAIL tokens before each prompt's end serves it."""
-    from hybridrt.runtime.prefix_plan import TAIL
-
+    stored a tail before each prompt's end (as deep as the tokenizer says appended text reaches:
+    runtime.retokenize) serves it."""
     model = hybridrt.load(jamba_onnx)
     engine = _engine(model, slots=2, chunk=8)
     try:
@@ -404,18 +403,17 @@ def test_a_retokenized_turn_resumes_a_few_tokens_before_the_last_prompt_ended(ja
         b = _answered(engine, turn)
     finally:
         engine.stop()
-    assert b.cached == len(first) - TAIL and b.tokens == model.generate(turn, max_new_tokens=6)
+    assert engine.cache is not None
+    assert b.cached == len(first) - engine.cache.tails.of(first) and b.tokens == model.generate(turn, max_new_tokens=6)
 
 
 @pytest.mark.parametrize("alongside", [False, True], ids=["kept_row", "stored_reply_end"])
 def test_a_chat_s_next_turn_stores_no_tail_checkpoint(jamba_onnx: Path, alongside: bool) -> None:
     """A prompt that continues exactly the tokens the kept row holds, or (with another request
     decoding when the reply ended, so its row was not kept) a reply end stored in the cache, is
-    a chat template's next turn: it gets no checkpoint TAIL tokens before its end, which only a
+    a chat template's next turn: it gets no tail checkpoint before its end, which only a
     conversation resent as text needs (prefix_plan), so its prefill is one call, not two. The
     first prompt, from nothing, has one; the turn's tokens equal generate's."""
-    from hybridrt.runtime.prefix_plan import TAIL
-
     model = hybridrt.load(jamba_onnx)
     engine = _engine(model, slots=2, chunk=64)
     try:
@@ -434,15 +432,15 @@ def test_a_chat_s_next_turn_stores_no_tail_checkpoint(jamba_onnx: Path, alongsid
         engine.stop()
     assert c.cached == len(first) + len(a.tokens) - 1  # resumed at the reply's end
     assert c.tokens == model.generate(turn, max_new_tokens=6)
-    assert len(first) - TAIL in depths and len(turn) in depths and len(turn) - TAIL not in depths
+    tails = engine.cache.tails
+    assert len(first) - tails.of(first) in depths and len(turn) in depths and len(turn) - tails.of(turn) not in depths
 
 
 def test_the_checkpoint_before_a_prompts_last_call_holds_that_positions_states(jamba_onnx: Path) -> None:
-    """The state stored TAIL tokens before a prompt's end is taken before the prompt's last call
+    """The state stored a tail before a prompt's end is taken before the prompt's last call
     and stored after the first token (its fixed states kept aside, its KV read back then): it
     equals the states of a cold prefill of those tokens."""
     from hybridrt.runtime.decode import prefill
-    from hybridrt.runtime.prefix_plan import TAIL
 
     model = hybridrt.load(jamba_onnx)
     engine = _engine(model, slots=2, chunk=8)
@@ -450,12 +448,13 @@ def test_the_checkpoint_before_a_prompts_last_call_holds_that_positions_states(j
         p = _prompt(40)
         assert _submit(engine, p, max_new_tokens=3)[1].done.wait(60)
         assert engine.cache is not None
-        hit = engine.cache.lookup(p[:-TAIL] + [7])
+        tail = engine.cache.tails.of(p)
+        hit = engine.cache.lookup(p[:-tail] + [7])
     finally:
         engine.stop()
-    assert hit is not None and hit.snapshot.length == len(p) - TAIL
+    assert hit is not None and hit.snapshot.length == len(p) - tail
     cold = model.stepper(1, 64)
-    prefill(cold, [p[:-TAIL]])
+    prefill(cold, [p[:-tail]])
     want = cold.row(0)
     assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(hit.snapshot.states, want.states))
 

@@ -37,6 +37,7 @@ from .input_checks import available_memory
 from .kv_pieces import hold, pieces_for, release, split
 from .prefix_plan import fixed_sizes, marks
 from .radix import RadixTree, common_prefix
+from .retokenize import Tails
 from .state import Snapshot, _fit, narrowed, widened
 from .state_files import StateFiles, identity
 
@@ -52,7 +53,7 @@ class StateCache:
     memory_bytes: None for MEMORY_SHARE of the available memory, 0 to store nothing. stored: see above.
     directory: the disk tier's root (None: memory only; runtime.state_files); disk_bytes: its cap (None: DISK_SHARE
     of the free space there). spacing: tokens between checkpoints inside prompts (None: from
-    each prompt's length and the state sizes, see spacing_for; 0: none)."""
+    each prompt's length and the state sizes, see spacing_for; 0: none). tokenizer: the model's (runtime.retokenize)."""
 
     def __init__(
         self,
@@ -63,6 +64,7 @@ class StateCache:
         disk_bytes: int | None = None,
         spacing: int | None = None,
         stored: str = "float32",
+        tokenizer: Any | None = None,
     ) -> None:
         if stored not in STORED:
             raise GenerationError(f"stored must be one of {', '.join(STORED)}, got {stored!r}")
@@ -76,6 +78,7 @@ class StateCache:
         self.recurrent = any(not s.is_kv for s in self.pasts)
         self.memory_bytes = int(MEMORY_SHARE * available_memory()) if memory_bytes is None else memory_bytes
         self.spacing = spacing  # None: spacing_for each prompt
+        self.tails = Tails(tokenizer)
         self.state_bytes = sum(fixed_sizes(self.pasts))
         self.block_bytes = sum(aligned(n) for n in fixed_sizes(self.pasts))  # a row's fixed states
         self.blocks = Blocks()  # host memory for them, made ready while idle (runtime.host_blocks)
@@ -84,8 +87,7 @@ class StateCache:
         self.entries: set[Entry] = set()
         self.memory = 0  # bytes of states held in memory
         self.disk = 0  # bytes of states in the disk tier
-        self.clock = 0.0
-        self.uses = 0
+        self.clock, self.uses = 0.0, 0  # the eviction clock; uses, for recency
         self.seconds_per_token = 1e-3  # refined by observe()
         self.stats = CacheStats()
         self.lock = threading.RLock()  # the engine writes; metrics read from other threads
@@ -95,8 +97,9 @@ class StateCache:
 
     @classmethod
     def for_model(cls, model: Any, **options: Any) -> StateCache:
-        """A cache for `model` (a loaded hybridrt Model); options as the constructor's."""
-        return cls(model.manifest.pasts, identity(model.manifest, Path(model.path)), **options)
+        """A cache for `model` (a loaded hybridrt Model, its tokenizer too); options as the constructor's."""
+        owner = identity(model.manifest, Path(model.path))
+        return cls(model.manifest.pasts, owner, tokenizer=model.tokenizer, **options)
 
     @property
     def enabled(self) -> bool:
@@ -120,7 +123,7 @@ class StateCache:
             self._reprice([] if match is None else passed(match, start))
         parts = ([] if match is None else [match.agree]) + [common_prefix(tokens, o) for o in others]
         rates = (self.spacing, self.state_bytes, self.seconds_per_token)
-        return marks(len(tokens), start, self.recurrent, *rates, parts, tail)
+        return marks(len(tokens), start, self.recurrent, *rates, parts, self.tails.of(tokens) if tail else 0)
 
     def lookup(
         self, tokens: Sequence[int], whole: bool = False, counted: bool = True, widen: bool = True
@@ -258,8 +261,7 @@ class StateCache:
         self.entries.discard(entry)
         if entry.states is not None:
             self._unload(entry)
-        if entry.file is not None:
-            self._drop_file(entry)
+        self._drop_file(entry)
         if not keep_node:
             near = around(self.tree, entry)
             self.tree.remove(entry.node)
@@ -338,12 +340,10 @@ class StateCache:
         return True
 
     def _drop_file(self, entry: Entry) -> None:
-        if entry.file is None:
-            return
-        if self.files is not None:
-            self.files.remove(entry.file)
-        self.disk -= entry.nbytes
-        entry.file = None
+        if entry.file is not None:
+            if self.files is not None:
+                self.files.remove(entry.file)
+            self.disk, entry.file = self.disk - entry.nbytes, None
 
     def _warn(self, message: str) -> None:
         log.warning("prefix cache: %s", message)

@@ -15,9 +15,12 @@ seen. States are therefore stored at checkpoints (`marks`):
 - where a prompt parts from something already stored or from another queued prompt (a shared
   system prompt gets one exact checkpoint at its end, the first time a second request shows
   it), unless that is within MIN_BRANCH tokens of where the prefill starts;
-- TAIL tokens before a prompt's end: a conversation resent as text is tokenized again, and the
+- a tail before a prompt's end: a conversation resent as text is tokenized again, and the
   reply's first characters may merge with the prompt's last token, so the next turn agrees
-  with this one up to a few tokens before its end, never to the end itself. Not for a prompt
+  with this one up to a few tokens before its end, never to the end itself. How many tokens:
+  as deep as the tokenizer says text appended to this prompt can reach (runtime.retokenize;
+  usually 1), TAIL where it cannot tell. Its call of those tokens is on the prompt's path to
+  its first token, so the shallower the cheaper. Not for a prompt
   that continues a kept row's tokens exactly or resumes at a stored reply's end (a chat
   template's next turn, a ChatSession's): its client resends the reply as it was generated,
   so its next turn will likely continue this one's reply end too, and the tail's call (about
@@ -52,7 +55,7 @@ import numpy as np
 from ..graphs.contract import TensorSpec
 from ..graphs.feeds import state_shape
 
-TAIL = 4
+TAIL = 4  # tail tokens where the tokenizer cannot tell (runtime.retokenize; llama.cpp's server uses 4)
 DENSITY = 16
 MIN_SPACING, MAX_SPACING = 256, 8192
 MIN_BRANCH = 64  # a branch point closer than this to where a prefill starts is not stored
@@ -82,21 +85,21 @@ def marks(
     state_bytes: int,
     seconds_per_token: float,
     branches: Sequence[int],
-    tail: bool = True,
+    tail: int = TAIL,
 ) -> list[int]:
     """Checkpoint positions in (start, end] for a prefill of tokens start..end (see the module
-    docstring): `spacing` tokens apart (None: spacing_for), TAIL before the end (if `tail`), at
-    the end, and at the `branches` (where the prompt parts from what is stored or queued) that
+    docstring): `spacing` tokens apart (None: spacing_for), `tail` tokens before the end (0:
+    none), at the end, and at the `branches` (where the prompt parts from what is stored or queued) that
     are MIN_BRANCH past the start. Without recurrent state, the end alone."""
     if not recurrent:  # KV can be cut to any prefix: the end is enough
         return [end] if end > start else []
     found = {end}
-    if tail and end - TAIL > start:
-        found.add(end - TAIL)
+    if tail and end - tail > start:
+        found.add(end - tail)
     every = spacing_for(end - start, state_bytes, seconds_per_token) if spacing is None else spacing
     if every and end - start >= 2 * every:  # not within a quarter spacing of the start or the tail
         near, first = every // 4, (start // every + 1) * every
-        found.update(m for m in range(first, end, every) if start + near <= m <= end - TAIL - near)
+        found.update(m for m in range(first, end, every) if start + near <= m <= end - max(tail, TAIL) - near)
     found.update(a for a in branches if start + MIN_BRANCH <= a < end)
     return sorted(m for m in found if m > start)
 
