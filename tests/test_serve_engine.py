@@ -572,3 +572,58 @@ def test_an_idle_engine_stores_the_kept_row_and_readies_blocks_for_checkpoints(j
         assert any(id(e.block) in ready for e in list(cache.entries))  # its checkpoints took ready blocks
     finally:
         engine.stop()
+
+
+def test_a_prompt_s_states_go_to_the_cache_after_the_server_took_its_first_token(jamba_onnx: Path) -> None:
+    """Regression: right after a prompt's first token the engine copied the prompt's states into
+    the cache, and the server's event loop, woken to send the token, waited for a core behind
+    those copies (7.5-13 ms late in 3 of 12 turns on 2 cores). The copies now wait until the
+    loop has taken the token (Request.taken, set by jobs.Job), or HAND_OFF_S at most: here it is
+    never taken, so they start no sooner than that."""
+    from hybridrt.serve.prefill import HAND_OFF_S
+
+    model = hybridrt.load(jamba_onnx)
+    engine = _engine(model, slots=2, chunk=64)
+    assert engine.cache is not None
+    seen: list[tuple[str, float]] = []
+    put = engine.cache.put
+    engine.cache.put = lambda *a, **k: (seen.append(("put", time.perf_counter())), put(*a, **k))[1]  # type: ignore[method-assign]
+    result = Result()
+
+    def emit(update: Update) -> None:
+        seen.append(("token", time.perf_counter()))
+        result(update)
+
+    try:
+        engine.submit(Request(_prompt(40), model.generation_config(max_new_tokens=4), emit, taken=threading.Event()))
+        assert result.done.wait(60)
+    finally:
+        engine.stop()
+    first = next(t for what, t in seen if what == "token")
+    puts = [t for what, t in seen if what == "put"]
+    assert puts and min(puts) >= first + HAND_OFF_S
+
+
+def test_a_job_says_when_the_event_loop_has_taken_a_request_s_update(jamba_onnx: Path) -> None:
+    """The other half of the hand-off above: the server's job marks each request taken once its
+    event loop holds an update of it, which is what the engine's copies wait for."""
+    import asyncio
+
+    from hybridrt.serve.jobs import Job
+    from hybridrt.serve.protocol import completion_params
+
+    model = hybridrt.load(jamba_onnx)
+    engine = _engine(model, slots=2, chunk=64)
+
+    async def run() -> list[bool]:
+        job = Job(engine, completion_params(model, {"prompt": _prompt(20), "max_tokens": 3}), model.tokenizer, 60)
+        before = [c.request.taken is not None and c.request.taken.is_set() for c in job.choices]
+        job.submit()
+        async for _ in job.pieces():
+            pass
+        return before + [c.request.taken is not None and c.request.taken.is_set() for c in job.choices]
+
+    try:
+        assert asyncio.run(run()) == [False, True]
+    finally:
+        engine.stop()

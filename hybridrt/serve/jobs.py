@@ -15,6 +15,7 @@ tools, the text keeps LFM2's tool-call markers (special tokens) for the call par
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,6 +113,7 @@ class Job:
                 prompt_logprobs=params.prompt_logprobs,
                 score_only=params.score_only,
                 grammar=grammars[i],
+                taken=threading.Event(),
             )
             echo = None if params.echo is None else params.echo[i // params.n]
             self.choices.append(Choice(i, req, TextStream(text_of, cfg.stops), echo, offset=len(echo or "")))
@@ -124,6 +126,9 @@ class Job:
 
     def _put(self, i: int, update: Update) -> None:
         self.queue.put_nowait((i, update))
+        taken = self.choices[i].request.taken
+        if taken is not None:
+            taken.set()
         if self.backlog is not None and self.queue.qsize() > self.backlog and not self.too_slow:
             self.too_slow = True
             self.cancel()

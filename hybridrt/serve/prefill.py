@@ -38,10 +38,11 @@ from .settings import EngineConfig
 log = logging.getLogger("hybridrt.serve")
 TIDY_AFTER_S = 0.05  # idle this long before idle work (Prompts.wait_idle)
 # After a prompt's first token and before its states are copied into the cache, the engine
-# thread sleeps this long: the server's event loop, woken to send the token, otherwise waits
-# for a core behind the copies and the next decode step (first token to client 6-15 ms later
-# on 2 cores, granite-h-350m's agent steps; 0.5-0.9 ms with it).
-HAND_OFF_S = 0.001
+# thread waits (at most this long) until the server's event loop has taken the token
+# (Request.taken), else the loop, woken to send it, waits for a core behind the copies and the
+# next decode step: first token to client 6-15 ms later on 2 cores (granite-h-350m's agent
+# steps). A fixed 1 ms sleep instead left 3 of 12 turns 7.5-13 ms late (0.2-0.3 ms: the rest).
+HAND_OFF_S = 0.02
 ALONE_CHUNKS = 2  # a prefill call takes this many chunks while no request decodes
 
 
@@ -219,7 +220,8 @@ class Prompts:
         at_end = end in req.marks
 
         def store() -> None:
-            time.sleep(HAND_OFF_S)
+            if req.taken is not None:  # (None: no event loop, a caller of the engine's own)
+                req.taken.wait(HAND_OFF_S)
             if held is not None and self.held is not None:
                 self.cache.put(req.prompt[:held], rows.row_at(0, held, self.held, self.cache.blocks))
             if at_end:

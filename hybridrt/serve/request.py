@@ -15,6 +15,7 @@ Shapes: V = vocabulary size; `logits` [1, V] (one row's last position).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ class Request:
     scored: list[TokenLogprob] = field(default_factory=list)  # the prompt's entries so far
     admitted: float = 0.0  # when it took a state slot (perf_counter; 0: still waiting)
     first: float = 0.0  # when its first token was sent
+    taken: threading.Event | None = None  # set once the server's event loop holds an update of it (jobs.Job)
     last: float = 0.0
     rng: np.random.Generator | None = None
     eos: tuple[int, ...] = ()
