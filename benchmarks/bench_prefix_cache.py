@@ -5,10 +5,14 @@ conversations than fit in memory (hybridrt's disk tier).
     # once: the granite-h-350m checkpoint with a sentencepiece tokenizer, hybridrt int4, GGUF q4_0
     python benchmarks/bench_prefix_cache.py prepare --work build/prefix --llama-bin LLAMA_CPP/build/bin \\
         --sdist llama_cpp_python-0.3.36.tar.gz
-    # alternating rounds, each server in its own process; figures to docs/bench/prefix_cache.*
+    # rounds of every workload on both servers; figures to docs/bench/prefix_cache.*
     python benchmarks/bench_prefix_cache.py run --work build/prefix --llama-bin LLAMA_CPP/build/bin --rounds 2
 
 Both servers get 2 threads, 8 slots and a ChatML template (hybridrt through --chat-template).
+Each round starts both (fresh, each in its own process) and runs each workload on one, then on
+the other, who goes first alternating by workload and by round: a workload's two figures are
+taken a minute apart at most, not a whole round (the host's speed drifts from minute to minute
+by about as much as the servers differ).
 TTFT is measured by the client from sending a streamed request to its first token; cached tokens
 are what each server reports (hybridrt: usage.prompt_tokens_details.cached_tokens; llama-server:
 timings.cache_n). See ../shared/bench/README.md for building llama-server.
@@ -302,15 +306,21 @@ def run(
     words = Words(work / "peer-hf" / "tokenizer.json")
     results: dict[str, Any] = {"rounds": []}
     for k in range(rounds):
-        order = servers if k % 2 == 0 else servers[::-1]
-        record: dict[str, Any] = {}
-        for name in order:
-            words.at = 0  # the same texts for each server
-            server = start(name, work, llama_bin, 8700 + k)
-            try:
-                record[name] = {w: f(server.url, words) for w, f in chosen.items()}
-            finally:
+        record: dict[str, Any] = {name: {} for name in servers}
+        live: dict[str, Server] = {}
+        try:
+            for j, name in enumerate(servers):  # both up, each in its own process, idle between its turns
+                live[name] = start(name, work, llama_bin, 8700 + len(servers) * k + j)
+            words.at = 0
+            for i, (w, f) in enumerate(chosen.items()):
+                at = words.at
+                for name in servers if (k + i) % 2 == 0 else servers[::-1]:  # who goes first alternates
+                    words.at = at  # the same texts for each server
+                    record[name][w] = f(live[name].url, words)
+        finally:
+            for server in live.values():
                 server.stop()
+        for name in servers:
             print(name, json.dumps(record[name])[:2000], flush=True)
         results["rounds"].append(record)
     # The disk tier: a small memory budget, 64 conversations.
