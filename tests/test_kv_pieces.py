@@ -193,3 +193,32 @@ def test_memory_counts_each_piece_once_at_every_moment(model: hybridrt.runtime.M
         assert cache.memory == _held(cache) <= cache.memory_bytes
     assert cache.stats.evictions > 0 and cache.stats.disk_writes > 0 and cache.stats.disk_reads > 0
     assert seen and all(counted == held <= cache.memory_bytes for counted, held in seen), seen
+
+
+def test_a_row_stored_from_a_batch_s_buffers_keeps_copies_of_only_its_own_positions(
+    model: hybridrt.runtime.Model,
+) -> None:
+    """A row made for the cache (`row(r, cache.blocks)`) has its KV as views of the batch's
+    buffers, so that storing it copies only what the cache keeps: the positions past its nearest
+    stored ancestor. What the cache keeps must not be those views: the batch, started again on
+    other tokens, overwrites its buffers, and the stored entries still resume as cold ones."""
+    vocab = int(model.manifest.vocab_size)
+    cache = model.state_cache(memory_bytes=2**28)
+    p = random_prompt(60, vocab=vocab)
+    batch = model.stepper(1, 128)
+    batch.forward(np.asarray([p[:40]], dtype=np.int64))
+    cache.put(p[:40], batch.row(0, cache.blocks))  # no ancestor: its whole KV, copied
+    batch.forward(np.asarray([p[40:]], dtype=np.int64))
+    cache.put(p, batch.row(0, cache.blocks))  # positions 40..60 only
+    first, second = _entry(cache, p[:40]), _entry(cache, p)
+    assert [(piece.start, piece.end) for piece in second.kv] == [(0, 40), (40, 60)]
+    assert second.kv[0] is first.kv[0]
+    buffers = batch._arrays()
+    for piece in second.kv:
+        assert not any(np.shares_memory(a, x) for a in piece.arrays for x in buffers)
+    batch.restart(None, 128)
+    batch.forward(np.asarray([random_prompt(100, seed=5, vocab=vocab)], dtype=np.int64))  # other tokens now
+    for tokens in (parted(p, 40), [*p, 3]):
+        logits, resumed = cached_prefill(model, tokens, cache)
+        assert resumed == len(tokens) - 1
+        assert np.abs(logits - cold_prefill(model, tokens)).max() <= TOL

@@ -80,12 +80,13 @@ def merged(pasts: Sequence[TensorSpec], fixed: Sequence[np.ndarray], kv: Sequenc
 
 
 def pieces_for(
-    kv: Sequence[np.ndarray], specs: Sequence[TensorSpec], length: int, base: Holder | None
+    kv: Sequence[np.ndarray], specs: Sequence[TensorSpec], length: int, base: Holder | None, owned: bool = True
 ) -> tuple[list[Piece], Piece | None]:
     """The pieces of a KV of `length` positions (kv: one array per KV past, at least that many
     positions): those of `base` (an entry in memory whose tokens start ours, or None), then a
     new piece of the positions past it, None when there are none. The new piece holds the
-    arrays themselves where they are exactly the KV (nothing shared), else copies."""
+    arrays themselves where they are exactly the KV (nothing shared) and `owned` (the caller's
+    to give away, not views of a state batch's buffers), else copies."""
     shared = [] if base is None else list(base.kv)
     start = 0 if base is None else base.length
     if start >= length or not specs:
@@ -94,7 +95,8 @@ def pieces_for(
     for spec, x in zip(specs, kv):
         axis = spec.kv_axis
         assert axis is not None
-        own.append(x if start == 0 and x.shape[axis] == length else np.array(span(x, spec, start, length)))
+        exact = owned and start == 0 and x.shape[axis] == length
+        own.append(x if exact else np.array(span(x, spec, start, length)))
     piece = Piece(own, start, length)
     return [*shared, piece], piece
 

@@ -191,7 +191,7 @@ class StateCache:
             cost = len(tokens) * self.seconds_per_token
             fixed, kv = split(self.pasts, states)
             entry = Entry(node, nbytes, cost, fixed, row_logits, row_logits is not None, block=block, reply=reply)
-            pieces, new = pieces_for(kv, self.kv_specs, len(tokens), base)
+            pieces, new = pieces_for(kv, self.kv_specs, len(tokens), base, owned=not whole)  # (Stepper.row_at)
             self._reprice(hold(entry, pieces[: len(pieces) - (new is not None)]))  # the shared ones stay
             if old is not None:
                 self._forget(old, keep_node=True)

@@ -48,7 +48,8 @@ class Checkpoint:
 @dataclass(frozen=True)
 class Snapshot:
     """One row's states as host copies, its KV cut to the `length` positions it holds
-    (the server's prefix cache keeps these); `set_row` writes one into a state batch."""
+    (the server's prefix cache keeps these; one made for it has its KV as views of the batch's
+    buffers, of which StateCache.put copies what it keeps); `set_row` writes one into a state batch."""
 
     states: list[np.ndarray]
     length: int
@@ -113,11 +114,10 @@ class Stepper:
         self.has_kv = any(s.is_kv for s in self.pasts)
         self.capacity = min(max(int(capacity), 1), manifest.max_length) if self.has_kv else 0
         self.lengths = np.zeros(batch, dtype=np.int64)
-        self.calls = 0
+        self.calls, self.epoch = 0, 0
         # Without a recurrent state, forgetting tokens is only setting the lengths back (their
         # keys and values stay unread).
         self.recurrent = manifest.recurrent
-        self.epoch = 0
 
     @property
     def batched_chunks(self) -> bool:
@@ -219,14 +219,14 @@ class Stepper:
     ) -> Snapshot:
         """Row r's states (copies) with its KV cut to `length` positions; with `fixed`, the fixed
         states it had then (fixed_of), its KV having been written at later positions only since.
-        The fixed states are copied into one block (runtime.host_blocks), from `blocks` if given."""
-        arrays = self._arrays()
+        The fixed states are copied into one block (runtime.host_blocks), from `blocks` if given:
+        a cache's, for its put, which copies of the KV only what it keeps (the positions past what
+        it holds), so the KV is then views of the buffers, valid until the next call."""
+        arrays, copy = self._arrays(), np.array if blocks is None else np.asarray
         rows = [x[r : r + 1] for s, x in zip(self.pasts, arrays) if not s.is_kv] if fixed is None else fixed
         block = (new_block if blocks is None else blocks.take)(block_bytes(rows)) if rows else None
         held = iter([] if block is None else pack(rows, block))
-        states = [
-            np.array(_fit(x[r : r + 1], s, length)) if s.is_kv else next(held) for s, x in zip(self.pasts, arrays)
-        ]
+        states = [copy(_fit(x[r : r + 1], s, length)) if s.is_kv else next(held) for s, x in zip(self.pasts, arrays)]
         return Snapshot(states, length, block)
 
     def fresh(self, batch: int) -> Stepper:
