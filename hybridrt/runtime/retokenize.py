@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .prefix_plan import TAIL
+from .radix import common_prefix
 
 WINDOW = 8  # the prompt's last tokens whose text is encoded again
 MEMO = 4096  # prompt endings remembered (an agent's steps end alike)
@@ -36,21 +37,6 @@ PROBES = (
     *(" ", "  ", "\n", "\n\n", "\t", " \n", " the", " a", "The", "I", "ing", "ed", "'s"),
     *("n't", "://", "...", "**", "```"),
 )
-
-
-def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
-
-
-def _agreeing_end(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many last tokens a and b have in common."""
-    k = 0
-    while k < min(len(a), len(b)) and a[-1 - k] == b[-1 - k]:
-        k += 1
-    return k
 
 
 class Tails:
@@ -82,9 +68,9 @@ class Tails:
             probed = [tok.encode(text + p, add_special_tokens=False) for p in PROBES]
         except Exception:  # ids the tokenizer cannot read (not its own): it cannot tell
             return TAIL
-        changed = max(len(base) - _first_difference(base, e.ids) for e in probed)
+        changed = max(len(base) - common_prefix(base, e.ids) for e in probed)
         # The window's text must encode back to the window, with room before what changed:
         # else its tokens are not this tokenizer's tokenization of that text.
-        if _agreeing_end(base, window) < changed + 2:
+        if common_prefix(base[::-1], window[::-1]) < changed + 2:  # (how many last tokens agree)
             return TAIL
         return max(changed, 1)

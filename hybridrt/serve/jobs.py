@@ -127,7 +127,7 @@ class Job:
     def _put(self, i: int, update: Update) -> None:
         self.queue.put_nowait((i, update))
         taken = self.choices[i].request.taken
-        if taken is not None:
+        if taken is not None and not taken.is_set():  # (the first update only: set takes a lock)
             taken.set()
         if self.backlog is not None and self.queue.qsize() > self.backlog and not self.too_slow:
             self.too_slow = True
