@@ -13,6 +13,7 @@ from resuming import cached_prefill, cold_prefill, parted, random_prompt
 
 import hybridrt
 from hybridrt.runtime.cache_entry import Entry
+from hybridrt.runtime.kv_pieces import Spans
 from hybridrt.runtime.prefix_cache import StateCache
 from hybridrt.runtime.state import Snapshot
 
@@ -222,3 +223,36 @@ def test_a_row_stored_from_a_batch_s_buffers_keeps_copies_of_only_its_own_positi
         logits, resumed = cached_prefill(model, tokens, cache)
         assert resumed == len(tokens) - 1
         assert np.abs(logits - cold_prefill(model, tokens)).max() <= TOL
+
+
+def test_a_lookup_s_kv_of_several_pieces_goes_into_a_batch_unjoined(model: hybridrt.runtime.Model) -> None:
+    """A lookup gives an entry's KV of several pieces as the pieces' views (kv_pieces.Spans): a
+    state batch's row takes them span by span, with no joined copy made first (on a long
+    conversation's turn that copy was milliseconds before its first token). Read any other way,
+    it is the joined array. Rows resumed from it, bound or plain, match a cold prefill."""
+    vocab = int(model.manifest.vocab_size)
+    cache = model.state_cache(memory_bytes=2**28)
+    p = random_prompt(90, vocab=vocab)
+    for d in (30, 60, 90):
+        cache.put(p[:d], _row(model, p[:d]))
+    tokens = [*p, 3]
+    hit = cache.lookup(tokens)
+    assert hit is not None and hit.snapshot.length == 90
+    kv = [x for s, x in zip(model.manifest.pasts, hit.snapshot.states) if s.is_kv]
+    pieces = _entry(cache, p).kv
+    assert kv and all(isinstance(x, Spans) and len(x.parts) == len(pieces) == 3 for x in kv)
+    assert all(
+        np.shares_memory(part, piece.arrays[i]) for i, x in enumerate(kv) for part, piece in zip(x.parts, pieces)
+    )
+    cold = cold_prefill(model, tokens)
+    stepper = model.stepper(1, 128)
+    stepper.set_row(0, hit.snapshot.states, hit.snapshot.length)
+    assert all(x._joined is None for x in kv)  # copied in span by span
+    assert np.abs(stepper.forward(np.asarray([[3]], dtype=np.int64)) - cold).max() <= TOL
+    plain = hybridrt.load(model.path, io_binding=False).stepper(1, 128)
+    plain.set_row(0, hit.snapshot.states, hit.snapshot.length)
+    assert np.abs(plain.forward(np.asarray([[3]], dtype=np.int64)) - cold).max() <= TOL
+    for x in kv:
+        joined = np.asarray(x)
+        assert joined.shape == x.shape and x.shape[x.axis] == 90
+        assert np.array_equal(joined, np.concatenate(x.parts, axis=x.axis)) and x[0].shape == joined[0].shape

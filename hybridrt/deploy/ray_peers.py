@@ -144,7 +144,7 @@ def snapshot_for(cache: StateCache | None, tokens: list[int], at_least: int) -> 
     hit = cache.lookup(tokens, counted=False, widen=False)
     if hit is None or hit.snapshot.length < at_least:
         return None
-    return {"length": hit.snapshot.length, "states": hit.snapshot.states, "logits": hit.logits}
+    return {"length": hit.snapshot.length, "states": [np.asarray(x) for x in hit.snapshot.states], "logits": hit.logits}
 
 
 def handle(deployment: str, app: str) -> Any:

@@ -39,10 +39,11 @@ class Entry:
     def length(self) -> int:
         return self.node.depth
 
-    def whole(self, pasts: Sequence[TensorSpec], length: int) -> list[np.ndarray]:
-        """Its states in memory, in the order of the pasts, its KV pieces joined to `length` positions."""
+    def whole(self, pasts: Sequence[TensorSpec], length: int, spans: bool = False) -> list[np.ndarray]:
+        """Its states in memory, in the order of the pasts, its KV pieces joined to `length`
+        positions (with `spans`, a KV of several pieces as kv_pieces.Spans)."""
         assert self.states is not None
-        return merged(pasts, self.states, joined(self.kv, [s for s in pasts if s.is_kv], length))
+        return merged(pasts, self.states, joined(self.kv, [s for s in pasts if s.is_kv], length, spans))
 
     def load(self, pasts: Sequence[TensorSpec], states: list[np.ndarray], logits: np.ndarray | None) -> None:
         """Its states (in the order of the pasts, its whole KV) and logits back in memory, its KV

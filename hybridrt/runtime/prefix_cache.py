@@ -174,8 +174,8 @@ class StateCache:
         if snapshot.length != len(tokens):
             raise ValueError(f"a snapshot of {snapshot.length} tokens stored under {len(tokens)}")
         row_logits = None if logits is None else np.array(logits[:1], dtype=np.float32)
-        whole = self.stored == "float32"
-        states, block = (list(snapshot.states), snapshot.block) if whole else (narrowed(snapshot.states), None)
+        whole, states = self.stored == "float32", [np.asarray(x) for x in snapshot.states]  # (Spans joined)
+        states, block = (states, snapshot.block) if whole else (narrowed(states), None)
         nbytes = sum(x.nbytes for x in states) + (0 if row_logits is None else row_logits.nbytes)
         if nbytes > self.memory_bytes and (self.files is None or nbytes > self.files.cap):
             return  # it would leave at once
@@ -291,7 +291,7 @@ class StateCache:
         once read, sharing no piece (the simplest correct choice: the pieces it had may be gone).
         The entry may leave memory again at once (a small budget): the arrays returned stay valid."""
         if entry.states is not None:
-            return entry.whole(self.pasts, length), entry.logits
+            return entry.whole(self.pasts, length, spans=True), entry.logits
         assert entry.file is not None
         read = None if self.files is None else self.files.read_states(entry.file, entry.has_logits)
         self.stats.disk_reads += read is not None

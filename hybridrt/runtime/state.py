@@ -33,6 +33,7 @@ from ..graphs.contract import TensorSpec
 from ..graphs.feeds import graph_feeds
 from ..graphs.manifest import Manifest
 from .host_blocks import Blocks, block_bytes, new_block, pack
+from .kv_pieces import Spans
 
 
 @dataclass(frozen=True)
@@ -106,17 +107,14 @@ class Stepper:
         self, session: Any, manifest: Manifest, batch: int, capacity: int, options: StepOptions | None = None
     ) -> None:
         self.options = options or StepOptions()
-        self.session = session
-        self.manifest = manifest
-        self.batch = batch
+        self.session, self.manifest, self.batch = session, manifest, batch
         self.pasts = manifest.pasts
         self.vocab = int(manifest.vocab_size)
         self.has_kv = any(s.is_kv for s in self.pasts)
         self.capacity = min(max(int(capacity), 1), manifest.max_length) if self.has_kv else 0
         self.lengths = np.zeros(batch, dtype=np.int64)
         self.calls, self.epoch = 0, 0
-        # Without a recurrent state, forgetting tokens is only setting the lengths back (their
-        # keys and values stay unread).
+        # Without a recurrent state, forgetting tokens is only setting the lengths back (KV unread).
         self.recurrent = manifest.recurrent
 
     @property
@@ -319,12 +317,13 @@ def put_row(x: np.ndarray, row: int, src: np.ndarray, spec: TensorSpec) -> None:
     """x[row] = src[0] in place, src's KV cut to x's positions; positions past src's keep what
     they held (past_lengths masks them, as after a rewind; zeros would fault new pages in)."""
     axis = spec.kv_axis
-    if axis is None or src.shape[axis] == x.shape[axis]:
+    if axis is None:
         x[row] = src[0]
-        return
-    n = min(src.shape[axis], x.shape[axis])
-    lead = (slice(None),) * (axis - 1)  # the row's axes before KV's positions
-    x[row][lead + (slice(0, n),)] = src[0][lead + (slice(0, n),)]
+    elif isinstance(src, Spans):  # a lookup's KV of several pieces: each copied in, none joined
+        src.into(x[row], min(src.shape[axis], x.shape[axis]))
+    else:
+        n, lead = min(src.shape[axis], x.shape[axis]), (slice(None),) * (axis - 1)  # lead: axes before KV's positions
+        x[row][lead + (slice(0, n),)] = src[0][lead + (slice(0, n),)]
 
 
 def widened_kv(x: np.ndarray, spec: TensorSpec, rows: int, capacity: int) -> np.ndarray:
