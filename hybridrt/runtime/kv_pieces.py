@@ -16,6 +16,9 @@ leave while its descendants still hold its pieces: they stay, counted, until the
 leaves. Entries that part below a shared prefix (two conversations after one system prompt)
 hold its pieces alike. What it saves: benchmarks/bench_kv_sharing.py.
 
+A lookup reads an entry's pieces as they are (`Spans`), which a state batch's row takes span
+by span: no joined copy of the KV on a resumed request's way to its first token.
+
 KV that another call computed (another chunking, a decode step) agrees with a cold prefill's
 to rounding, as a stored KV already did: a request resumed from shared pieces gets a cold
 request's tokens, its logits within the same tolerance.
