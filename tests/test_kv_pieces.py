@@ -256,3 +256,5 @@ def test_a_lookup_s_kv_of_several_pieces_goes_into_a_batch_unjoined(model: hybri
         joined = np.asarray(x)
         assert joined.shape == x.shape and x.shape[x.axis] == 90
         assert np.array_equal(joined, np.concatenate(x.parts, axis=x.axis)) and x[0].shape == joined[0].shape
+        np.array(x)[...] = 0  # a copy asked for is the caller's own
+        assert np.array_equal(np.asarray(x), joined) and np.abs(joined).max() > 0

@@ -177,7 +177,8 @@ class Spans:
         return self._joined
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-        return self.joined() if dtype is None else self.joined().astype(dtype)
+        x = self.joined() if dtype is None else self.joined().astype(dtype)
+        return x.copy() if copy and x is self._joined else x  # (a copy asked for is not the one kept)
 
     def __getitem__(self, key: Any) -> Any:
         return self.joined()[key]
