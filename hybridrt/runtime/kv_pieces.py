@@ -184,6 +184,8 @@ class Spans:
         return self.joined()[key]
 
     def __getattr__(self, name: str) -> Any:
+        # Whatever else a lookup's states meet reads them as arrays (Stepper.append_row pads a
+        # whole-prompt hit to the batch's capacity, widened casts bfloat16 bits).
         if name.startswith("_"):  # (unpickling asks before __init__ has run)
             raise AttributeError(name)
         return getattr(self.joined(), name)
