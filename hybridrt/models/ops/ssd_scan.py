@@ -4,8 +4,8 @@ scalar decay g per head.
 Glossary: b batch, l length, H heads, P head_dim, G groups (B and C are shared by the H / G
 heads of a group), n d_state.
 
-In ONNX it is one `LinearAttention` node with a decay of shape [b, l, H] (k = dt B, v = x,
-q = C with one query head per group, scale 1), fed in the packed [b, l, channels] layout with
+In ONNX it is one `LinearAttention` node with a decay of shape [b, l, H] (k = B and q = C with
+one head per group, v = dt x, scale 1), fed in the packed [b, l, channels] layout with
 constant shapes. The contract
 keeps the state in that node's layout, [b, H, n, P], so a step transposes nothing; the
 PyTorch scan works in [b, H, P, n].
@@ -61,21 +61,16 @@ def _translation() -> Callable[..., Any]:
 
     def ssd_scan_onnx(xs, dt, A, B, C, h0, chunk, max_len):  # type: ignore[no-untyped-def]
         # Everything in the packed [b, l, channels] layout LinearAttention takes, with constant
-        # shapes. dt scales the key (dt_h B_g(h), the one tensor made per head) rather than x,
-        # and C stays one query per group: the node serves each group's query to its H / G
-        # heads itself (q_num_heads G < kv_num_heads H), so neither B nor C is tiled.
-        H, n = h0.shape[1], h0.shape[2]
-        G = B.shape[2] // n
-        packed = op.Constant(value_ints=[0, 0, -1])
-        if G == 1:
-            k = op.Mul(op.Unsqueeze(dt, [3]), op.Unsqueeze(B, [2]))  # [b, l, H, 1] * [b, l, 1, n]
-        else:
-            per_group = op.Reshape(dt, op.Constant(value_ints=[0, 0, G, H // G, 1]))
-            k = op.Mul(per_group, op.Reshape(B, op.Constant(value_ints=[0, 0, G, 1, n])))
+        # shapes. dt scales x (the value, P channels a head) rather than B, so that B and C stay
+        # one key and one query per group: the node serves each group's key and query to its
+        # H / G heads itself (G key and query heads < kv_num_heads H), and nothing is tiled.
+        H = h0.shape[1]
+        G = B.shape[2] // h0.shape[2]
+        xdt = op.Mul(op.Reshape(xs, op.Constant(value_ints=[0, 0, H, -1])), op.Unsqueeze(dt, [3]))
         y, state = linear_attention_node(
             C,
-            op.Reshape(k, packed),
-            xs,
+            B,
+            op.Reshape(xdt, op.Constant(value_ints=[0, 0, -1])),
             h0,
             op.Mul(dt, A),
             update_rule="gated",
