@@ -285,3 +285,39 @@ def test_plain_op_mamba2_graph_bakes_in_no_chunk_count() -> None:
     assert {n.domain for n in graph.graph.node} <= {"", "ai.onnx"}
     assert manifest.parity["passed"] is True and manifest.parity["max_abs_logits"] <= TOL
     assert [c["seq"] for c in manifest.parity["prompt"]] == [1, 7, 64, 300, 17]
+
+
+@pytest.mark.parametrize("name", ["bamba", "falcon_h1", "granitemoehybrid", "mamba2", "nemotron_h", "zamba2"])
+def test_mamba2_scan_reads_one_key_per_group(name: str) -> None:
+    """Each Mamba2 scan (a "gated" LinearAttention) reads B as its key with one head per group,
+    like C as its query, and dt scales the value: run with the nodes' inputs as extra outputs,
+    the key is [b, l, G n] for the state's n, not a key made for each of the H heads."""
+    import onnx
+    import onnxruntime as ort
+
+    from hybridrt.graphs.feeds import graph_feeds, zero_states
+
+    out = exports.family(BUILDERS[name])
+    manifest = read_manifest(out)
+    model = onnx.load(str(out / "model.onnx"))
+    scans = [n for n in model.graph.node if n.op_type == "LinearAttention" and b"gated" == _attr(n, "update_rule")]
+    assert scans
+    for node in scans:
+        model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(node.input[i]) for i in (0, 1, 2, 3))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = np.arange(3, 12, dtype=np.int64)[None]
+    feeds = graph_feeds(manifest.inputs, ids, 0, zero_states(manifest.pasts, 1, 16))
+    names = [o.name for o in session.get_outputs()]
+    got = dict(zip(names, session.run(names, feeds)))
+    for node in scans:
+        query, key, value, state = (got[node.input[i]] for i in (0, 1, 2, 3))
+        _, heads, n, head_dim = state.shape
+        groups = _attr(node, "q_num_heads")
+        assert query.shape == key.shape == (1, 9, groups * n) and groups < heads
+        assert value.shape == (1, 9, heads * head_dim)
+
+
+def _attr(node, name: str):  # type: ignore[no-untyped-def]
+    import onnx
+
+    return next(onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name)
