@@ -357,12 +357,15 @@ def medians(rounds: list[dict[str, Any]]) -> list[str]:
     kinds = [(t, w) for t, w in kinds if all(w in r[n] for r in rounds for n in names)]
     if len(rounds) < 2 or len(names) != 2 or not kinds:
         return []
-    lines = [f"## Median over the {len(rounds)} rounds", "", f"| workload | {' | '.join(names)} | ratio |"]
-    lines.append("|---|---|---|---|")
+    lines = [f"## Median over the {len(rounds)} rounds", ""]
+    lines.append(f"| workload | {' | '.join(names)} | ratio | rounds with {names[0]} at or below, by turn |")
+    lines.append("|---|---|---|---|---|")
     for title, w in kinds:
         per = [[statistics.median(v) for v in zip(*(r[n][w]["ttft_ms"] for r in rounds))] for n in names]
         ratio = ", ".join(f"{a / b:.2f}" for a, b in zip(*per))
-        lines.append(f"| {title}: TTFT by turn, ms | {_fmt(per[0])} | {_fmt(per[1])} | {ratio} |")
+        pairs = [zip(r[names[0]][w]["ttft_ms"], r[names[1]][w]["ttft_ms"]) for r in rounds]
+        below = ", ".join(str(sum(a <= b for a, b in turn)) for turn in zip(*pairs))
+        lines.append(f"| {title}: TTFT by turn, ms | {_fmt(per[0])} | {_fmt(per[1])} | {ratio} | {below} |")
     return [*lines, ""]
 
 

@@ -126,3 +126,17 @@ def test_prefix_cache_workloads_report_what_the_server_reused(default_onnx: Path
     table = out.with_suffix(".md").read_text()
     assert "| completions conversation: cached tokens | 0, " in table
     assert out.with_suffix(".png").stat().st_size > 0
+
+    # Two rounds beside a peer twice as slow, then twice as fast: the medians' table counts, turn
+    # by turn, the rounds in which the first server was at or below the other.
+    def peer(scale: float) -> dict:
+        turns = ("completions_conversation", "chat_conversation", "agent")
+        return {w: {**r, "ttft_ms": [t * scale for t in r["ttft_ms"]]} if w in turns else r for w, r in record.items()}
+
+    bench.report({"rounds": [{"hybridrt": record, "peer": peer(2.0)}, {"hybridrt": record, "peer": peer(0.5)}]}, out)
+    row = next(
+        line
+        for line in out.with_suffix(".md").read_text().splitlines()
+        if line.startswith("| agent, 10 steps: TTFT by turn")
+    )
+    assert row.endswith("| 0.80, 0.80, 0.80 | 1, 1, 1 |")  # the peer's median: 1.25x
