@@ -46,7 +46,7 @@ def session(shared):
     ins = [vi("x", [1, "l", H * P]), vi("dt", [1, "l", H]), vi("B", [1, "l", N]), vi("C", [1, "l", N]),
            vi("s", [1, H, N, P])]
     graph = h.make_graph(glue + [node], "g", ins, [vi("y", None), vi("s1", None)], [A])
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 20), h.make_opsetid("com.microsoft", 1)])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 20), h.make_opsetid("com.microsoft", 1)], ir_version=10)
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # two sessions in turn
