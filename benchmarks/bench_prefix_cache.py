@@ -9,10 +9,17 @@ conversations than fit in memory (hybridrt's disk tier).
     python benchmarks/bench_prefix_cache.py run --work build/prefix --llama-bin LLAMA_CPP/build/bin --rounds 2
 
 Both servers get 2 threads, 8 slots and a ChatML template (hybridrt through --chat-template).
-Each round starts both (fresh, each in its own process) and runs each workload on one, then on
-the other, who goes first alternating by workload and by round: a workload's two figures are
-taken a minute apart at most, not a whole round (the host's speed drifts from minute to minute
-by about as much as the servers differ).
+Each round starts both (fresh, each in its own process). The workloads taken turn by turn (the
+two conversations, the agent, the shared system prompt) go to both servers in step (`--pace
+turns`, the default): each turn's request to one server, then to the other, who goes first
+alternating by turn, each request after a pause of `--pause` seconds (0.5) in which neither
+server works. The host's speed drifts from second to second by about as much as the servers
+differ (a server's prompt rate moved 10% between two workloads a minute apart), so a turn's two
+figures are taken about a second apart; the pause keeps one server's work after an answer (a
+cache's stores) out of the other's turn, and is a client's time between turns. `--pace
+workloads` runs each workload whole on one server, then on the other (who goes first
+alternating by workload and by round), each request sent as soon as the one before has ended.
+The single requests (one stream, concurrent repeats) always alternate by workload.
 TTFT is measured by the client from sending a streamed request (on a new connection, from a
 client made once) to its first token; cached tokens
 are what each server reports (hybridrt: usage.prompt_tokens_details.cached_tokens; llama-server:
@@ -22,6 +29,8 @@ timings.cache_n). See ../shared/bench/README.md for building llama-server.
 from __future__ import annotations
 
 import argparse
+import copy
+import itertools
 import json
 import os
 import shutil
@@ -29,7 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -196,7 +205,10 @@ class Words:
         return len(self.tok.encode(text).ids)
 
 
-# Workloads: each returns a record of figures.
+# Workloads: each returns a record of figures. Those taken turn by turn are generators of their
+# requests (route, body), sent each request's answer, returning the record.
+
+Turns = Generator[tuple[str, dict[str, Any]], dict[str, Any], dict[str, Any]]
 
 REPLY = 24
 
@@ -206,17 +218,17 @@ def one_stream(url: str, words: Words) -> dict[str, Any]:
     return {"decode_tok_s": r["decode_tok_s"], "ttft_ms": r["ttft_ms"]}
 
 
-def conversation(url: str, words: Words, chat: bool, turns: int = 6) -> dict[str, Any]:
+def conversation_turns(words: Words, chat: bool, turns: int = 6) -> Turns:
     history, messages, out = "", [], []
     for t in range(turns):
         user = words.text(150 if t else 128)
         if chat:
             messages.append({"role": "user", "content": user})
-            r = request(url, "chat/completions", {"messages": messages, "max_tokens": REPLY, "ignore_eos": True})
+            r = yield "chat/completions", {"messages": list(messages), "max_tokens": REPLY, "ignore_eos": True}
             messages.append({"role": "assistant", "content": r["text"]})
         else:
             history += ("\n" if history else "") + f"User: {user}\nAssistant:"
-            r = request(url, "completions", {"prompt": history, "max_tokens": REPLY, "ignore_eos": True})
+            r = yield "completions", {"prompt": history, "max_tokens": REPLY, "ignore_eos": True}
             history += r["text"]
         out.append(r)
     return {
@@ -226,32 +238,75 @@ def conversation(url: str, words: Words, chat: bool, turns: int = 6) -> dict[str
     }
 
 
-def agent(url: str, words: Words, steps: int = 10) -> dict[str, Any]:
+def agent_turns(words: Words, steps: int = 10) -> Turns:
     history = f"System: You are an agent with tools.\nTask: {words.text(100)}\nAssistant:"
     out = []
     for _ in range(steps):
-        r = request(url, "completions", {"prompt": history, "max_tokens": REPLY, "ignore_eos": True})
+        r = yield "completions", {"prompt": history, "max_tokens": REPLY, "ignore_eos": True}
         history += r["text"] + f"\nTool result: {words.text(200)}\nAssistant:"
         out.append(r)
     return {"ttft_ms": [r["ttft_ms"] for r in out], "cached": [r["cached"] for r in out]}
 
 
-def shared_system_prompt(url: str, words: Words, system_tokens: int = 8000, requests: int = 16) -> dict[str, Any]:
+def system_prompt_turns(words: Words, system_tokens: int = 8000, requests: int = 16) -> Turns:
     system = f"System: {words.text(system_tokens)}\n"
-    out = [
-        request(
-            url,
-            "completions",
-            {"prompt": system + f"User: {words.text(30)}\nAssistant:", "max_tokens": 8, "ignore_eos": True},
-        )
-        for _ in range(requests)
-    ]
+    out = []
+    for _ in range(requests):
+        body = {"prompt": system + f"User: {words.text(30)}\nAssistant:", "max_tokens": 8, "ignore_eos": True}
+        out.append((yield "completions", body))
     first = out[0]["ttft_ms"]
     return {
         "ttft_ms": [r["ttft_ms"] for r in out],
         "cached": [r["cached"] for r in out],
         "worst_later_share": max(r["ttft_ms"] for r in out[1:]) / first,
     }
+
+
+def alone(url: str, turns: Turns) -> dict[str, Any]:
+    """A workload's requests on one server, each sent as soon as the one before has ended."""
+    try:
+        asked = next(turns)
+        while True:
+            asked = turns.send(request(url, *asked))
+    except StopIteration as done:
+        return done.value
+
+
+def in_step(urls: dict[str, str], make: Callable[[Words], Turns], words: Words, first: int, pause: float) -> dict:
+    """A workload on every server turn by turn: each turn's request goes to one server, then to the
+    other, who goes first alternating by turn (from `first`), each after `pause` seconds in which
+    neither works (so the other's work after its answer, a cache's stores, is not in this one's
+    turn). A turn's figures are then taken about a second apart, in the same state of the host."""
+    names, at = list(urls), words.at
+    own = {n: copy.copy(words) for n in names}  # the same texts for each server
+    turns = {n: make(own[n]) for n in names}
+    asked = {n: next(turns[n]) for n in names}
+    done: dict[str, dict[str, Any]] = {}
+    for k in itertools.count():
+        if not asked:
+            break
+        for n in names if (first + k) % 2 == 0 else names[::-1]:
+            if n in asked:
+                time.sleep(pause)
+                try:
+                    asked[n] = turns[n].send(request(urls[n], *asked[n]))
+                except StopIteration as end:
+                    done[n] = end.value
+                    del asked[n]
+    words.at = max(w.at for w in own.values()) if names else at
+    return done
+
+
+def conversation(url: str, words: Words, chat: bool, turns: int = 6) -> dict[str, Any]:
+    return alone(url, conversation_turns(words, chat, turns))
+
+
+def agent(url: str, words: Words, steps: int = 10) -> dict[str, Any]:
+    return alone(url, agent_turns(words, steps))
+
+
+def shared_system_prompt(url: str, words: Words, system_tokens: int = 8000, requests: int = 16) -> dict[str, Any]:
+    return alone(url, system_prompt_turns(words, system_tokens, requests))
 
 
 def concurrent_repeats(url: str, words: Words, streams: int = 8) -> dict[str, Any]:
@@ -293,6 +348,15 @@ def many_conversations(url: str, words: Words, conversations: int = 64, turns: i
     }
 
 
+# The workloads taken turn by turn, and their turns (run: in_step with --pace turns).
+STEPPED: dict[str, Callable[[Words], Turns]] = {
+    "completions_conversation": lambda w: conversation_turns(w, chat=False),
+    "chat_conversation": lambda w: conversation_turns(w, chat=True),
+    "agent": agent_turns,
+    "shared_system_prompt": system_prompt_turns,
+}
+PAUSE = 0.5  # seconds before each request with --pace turns
+
 WORKLOADS: dict[str, Callable[[str, Words], dict[str, Any]]] = {
     "one_stream": one_stream,
     "completions_conversation": lambda u, w: conversation(u, w, chat=False),
@@ -304,7 +368,14 @@ WORKLOADS: dict[str, Callable[[str, Words], dict[str, Any]]] = {
 
 
 def run(
-    work: Path, llama_bin: Path, rounds: int, out: Path, servers: list[str], workloads: list[str] | None = None
+    work: Path,
+    llama_bin: Path,
+    rounds: int,
+    out: Path,
+    servers: list[str],
+    workloads: list[str] | None = None,
+    pace: str = "turns",
+    pause: float = PAUSE,
 ) -> dict[str, Any]:
     chosen = {w: f for w, f in WORKLOADS.items() if workloads is None or w in workloads}
     words = Words(work / "peer-hf" / "tokenizer.json")
@@ -317,6 +388,11 @@ def run(
                 live[name] = start(name, work, llama_bin, 8700 + len(servers) * k + j)
             words.at = 0
             for i, (w, f) in enumerate(chosen.items()):
+                if pace == "turns" and w in STEPPED:
+                    urls = {name: live[name].url for name in servers}
+                    for name, figures in in_step(urls, STEPPED[w], words, k + i, pause).items():
+                        record[name][w] = figures
+                    continue
                 at = words.at
                 for name in servers if (k + i) % 2 == 0 else servers[::-1]:  # who goes first alternates
                     words.at = at  # the same texts for each server
@@ -450,6 +526,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE.parent / "docs" / "bench" / "prefix_cache")
     names = [*WORKLOADS, "many_conversations"]
     ap.add_argument("--workloads", help=f"a comma-separated subset of {','.join(names)} (default: all)")
+    ap.add_argument(
+        "--pace",
+        choices=["turns", "workloads"],
+        default="turns",
+        help="turns: the conversations, the agent and the system prompt on both servers turn by turn; "
+        "workloads: each workload whole on one server, then on the other",
+    )
+    ap.add_argument("--pause", type=float, default=PAUSE, help="seconds before each request with --pace turns")
     args = ap.parse_args()
     if args.step == "prepare":
         prepare(args.work, args.llama_bin, args.sdist, args.config)
@@ -457,7 +541,7 @@ def main() -> None:
         chosen = None if args.workloads is None else args.workloads.split(",")
         if chosen is not None and not set(chosen) <= set(names):
             ap.error(f"--workloads: unknown {sorted(set(chosen) - set(names))}; known: {', '.join(names)}")
-        run(args.work, args.llama_bin, args.rounds, args.out, args.servers.split(","), chosen)
+        run(args.work, args.llama_bin, args.rounds, args.out, args.servers.split(","), chosen, args.pace, args.pause)
 
 
 if __name__ == "__main__":

@@ -140,3 +140,35 @@ def test_prefix_cache_workloads_report_what_the_server_reused(default_onnx: Path
         if line.startswith("| agent, 10 steps: TTFT by turn")
     )
     assert row.endswith("| 0.80, 0.80, 0.80 | 1, 1, 1 |")  # the peer's median: 1.25x
+
+
+def test_prefix_cache_turns_in_step_alternate_who_goes_first(
+    default_onnx: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--pace turns: each turn's request goes to both servers, who goes first alternating by turn,
+    with the same texts for each (two servers of one model: the same replies, so the same prompts
+    and the same reuse), and the figures are those the workload gives on one server alone."""
+    import bench_prefix_cache as bench
+    from serving import running
+
+    import hybridrt
+
+    sent: list[str] = []
+    real = bench.request
+    monkeypatch.setattr(bench, "request", lambda url, route, body: sent.append(url) or real(url, route, body))
+    words = bench.Words(default_onnx / "tokenizer.json")
+    with (
+        running(hybridrt.load(default_onnx), api_key=None, model_name="m") as a,
+        running(hybridrt.load(default_onnx), api_key=None, model_name="m") as b,
+    ):
+        both = bench.in_step({"a": a.url, "b": b.url}, lambda w: bench.agent_turns(w, steps=3), words, 1, 0.0)
+        after = words.at
+    assert sent == [b.url, a.url, a.url, b.url, b.url, a.url]
+    assert set(both) == {"a", "b"} and both["a"]["cached"] == both["b"]["cached"]
+    assert both["a"]["cached"][0] == 0 and all(c > 0 for c in both["a"]["cached"][1:])
+    assert all(t > 0 for r in both.values() for t in r["ttft_ms"])
+
+    words.at = 0
+    with running(hybridrt.load(default_onnx), api_key=None, model_name="m") as c:
+        alone = bench.agent(c.url, words, steps=3)
+    assert alone["cached"] == both["a"]["cached"] and words.at == after
