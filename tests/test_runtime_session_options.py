@@ -75,3 +75,16 @@ def test_hybridrt_threads_is_the_count_of_a_session_given_none(
             hybridrt.load(jamba_onnx, "cpu", verify=False)
     monkeypatch.setenv("HYBRIDRT_THREADS", " ")  # blank: unset
     assert _threads(jamba_onnx) == 0
+
+
+def test_the_loaders_own_options_plan_no_memory_pattern(jamba_onnx: Path) -> None:
+    """A memory pattern is one block made for the second run of a set of input shapes: every prompt
+    length seen twice would write new memory. The loader's own CPU options plan none; a caller's
+    options keep their setting."""
+    model = hybridrt.load(jamba_onnx, "cpu", verify=False)
+    assert model.inference_session.get_session_options().enable_mem_pattern is False
+    tokens = model.generate([5, 17, 99, 4], max_new_tokens=3, eos_token_id=[])
+    assert model.generate([5, 17, 99, 4], max_new_tokens=3, eos_token_id=[]) == tokens
+    given = hybridrt.load(jamba_onnx, "cpu", verify=False, session_options=ort.SessionOptions())
+    assert given.inference_session.get_session_options().enable_mem_pattern is True
+    assert given.generate([5, 17, 99, 4], max_new_tokens=3, eos_token_id=[]) == tokens
