@@ -13,8 +13,8 @@ Each round starts both (fresh, each in its own process). The workloads taken tur
 two conversations, the agent, the shared system prompt) go to both servers in step (`--pace
 turns`, the default): each turn's request to one server, then to the other, who goes first
 alternating by turn, each request after a pause of `--pause` seconds (0.5) in which neither
-server works. The host's speed drifts from second to second by about as much as the servers
-differ (a server's prompt rate moved 10% between two workloads a minute apart), so a turn's two
+server works. The host's speed drifts from minute to minute by about as much as the servers
+differ (a server's prompt rate moved 10-20% between two workloads a minute apart), so a turn's two
 figures are taken about a second apart; the pause keeps one server's work after an answer (a
 cache's stores) out of the other's turn, and is a client's time between turns. `--pace
 workloads` runs each workload whole on one server, then on the other (who goes first
