@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import itertools
 import json
 import os
 import shutil
@@ -277,15 +276,14 @@ def in_step(urls: dict[str, str], make: Callable[[Words], Turns], words: Words, 
     other, who goes first alternating by turn (from `first`), each after `pause` seconds in which
     neither works (so the other's work after its answer, a cache's stores, is not in this one's
     turn). A turn's figures are then taken about a second apart, in the same state of the host."""
-    names, at = list(urls), words.at
+    names = list(urls)
     own = {n: copy.copy(words) for n in names}  # the same texts for each server
     turns = {n: make(own[n]) for n in names}
     asked = {n: next(turns[n]) for n in names}
     done: dict[str, dict[str, Any]] = {}
-    for k in itertools.count():
-        if not asked:
-            break
-        for n in names if (first + k) % 2 == 0 else names[::-1]:
+    k = first
+    while asked:
+        for n in names if k % 2 == 0 else names[::-1]:
             if n in asked:
                 time.sleep(pause)
                 try:
@@ -293,7 +291,8 @@ def in_step(urls: dict[str, str], make: Callable[[Words], Turns], words: Words, 
                 except StopIteration as end:
                     done[n] = end.value
                     del asked[n]
-    words.at = max(w.at for w in own.values()) if names else at
+        k += 1
+    words.at = max(w.at for w in own.values())
     return done
 
 
