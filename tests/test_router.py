@@ -15,7 +15,7 @@ from hybridrt.runtime import LengthRouter
 GREEDY = {"max_new_tokens": 6, "min_new_tokens": 6, "do_sample": False}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one per test: its stats count that test's requests only, whatever ran before
 def router(jamba_onnx: Path, llama_onnx: Path) -> LengthRouter:
     return LengthRouter(hybridrt.load(llama_onnx), hybridrt.load(jamba_onnx), threshold=8)
 
