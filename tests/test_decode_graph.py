@@ -1,10 +1,9 @@
 """The one-token decode graph (graphs/step_graph.py) and the second session that runs captured
-decode steps of a graph with control flow (runtime/decode_session.py), on the CPU provider.
+decode steps of a graph with Scans (runtime/decode_session.py), on the CPU provider.
 
 onnxruntime refused to capture every Mamba1 graph on a GPU: its selective scan is an ONNX Scan
-(control flow), and each causal conv is an If on the call's length. Captured steps of such a
-graph run on a graph whose Scans and Ifs are inlined for one token, in a session that reads the
-same weights and state buffers as the session of prompts.
+(control flow). Captured steps of such a graph run on a graph whose Scans are inlined for one
+token, in a session that reads the same weights and state buffers as the session of prompts.
 """
 
 from __future__ import annotations
@@ -23,30 +22,28 @@ from hybridrt.graphs.step_graph import control_flow, split_for_capture
 
 GREEDY = {"max_new_tokens": 10, "min_new_tokens": 10, "do_sample": False}
 SCAN_FAMILIES = ["mamba", "falcon_mamba", "jamba"]
-# a causal conv's If on the call's length (models/ops/causal_conv.py), without a Scan
-IF_FAMILIES = ["granitemoehybrid", "lfm2", "qwen3_next"]
 
 
 def _prompts(rows: int, n: int) -> list[list[int]]:
     return np.random.default_rng(5).integers(3, 300, (rows, n)).tolist()
 
 
-@pytest.mark.parametrize("family", SCAN_FAMILIES + IF_FAMILIES)
+@pytest.mark.parametrize("family", SCAN_FAMILIES)
 def test_the_one_token_graph_has_no_control_flow(family: str) -> None:
     graph = exports.family(BUILDERS[family]) / "model.onnx"
     original = onnx.load(str(graph))
-    assert control_flow(original)  # each Mamba1 layer's Scan, each conv's If
+    assert control_flow(original)  # each Mamba1 layer's Scan
     prompts, steps, _, _ = split_for_capture(original, graph, query_seqlens=True, share=False)
     step = onnx.load_from_string(steps)
     assert control_flow(step) == []
     ids = next(i for i in step.graph.input if i.name == "input_ids")
     assert ids.type.tensor_type.shape.dim[1].dim_value == 1  # one token: any other length is refused
-    assert control_flow(onnx.load_from_string(prompts))  # prompts keep the parallel Scan and the Ifs
+    assert control_flow(onnx.load_from_string(prompts))  # prompts keep the parallel Scan
     session = ort.InferenceSession(steps, providers=["CPUExecutionProvider"])
     assert session.get_inputs()[0].shape[1] == 1
 
 
-@pytest.mark.parametrize("family", SCAN_FAMILIES + IF_FAMILIES)
+@pytest.mark.parametrize("family", SCAN_FAMILIES)
 def test_captured_steps_through_the_one_token_graph_match(family: str) -> None:
     directory = exports.family(BUILDERS[family])
     plain, fixed = hybridrt.load(directory, "cpu"), hybridrt.load(directory, "cpu", cuda_graph=True)

@@ -143,15 +143,14 @@ def test_batch_of_different_lengths_equals_each_prompt_alone(exported: Path) -> 
 
 
 def test_states_in_place_equal_two_buffers(exported: Path) -> None:
-    """Every SSM state is read and written in one buffer (graphs.manifest.in_place_states) but a
-    Mamba1 layer's (an onnxruntime Scan), and the conv states, which the branches of the conv's
-    If read, alternate; generation in place (the default stepper) gives the logits of two
-    alternating buffers bit for bit."""
+    """Every conv and SSM state is read and written in one buffer (graphs.manifest.in_place_states) but a
+    Mamba1 layer's SSM (an onnxruntime Scan), and generation in place (the default stepper)
+    gives the logits of two alternating buffers bit for bit."""
     model = hybridrt.load(exported)
     m = model.manifest
     mamba1 = {i for i, kind in enumerate(m.layer_types) if kind == "mamba"}
     fixed = [s for s in m.pasts if not s.is_kv]
-    assert m.in_place == [s.name for s in fixed if s.kind != "conv" and not (s.layer in mamba1 and s.kind == "ssm")]
+    assert m.in_place == [s.name for s in fixed if not (s.layer in mamba1 and s.kind == "ssm")]
     fast, slow = model.stepper(2, 48), model.stepper(2, 48, ring=2)
     rng = np.random.default_rng(0)
     for n in (7, 5, 1, 1, 1, 1):

@@ -52,7 +52,7 @@ def _op_cases(g: torch.Generator) -> dict[str, tuple[Any, tuple[object, ...]]]:
             ops.gated_delta,
             (q, key, randn(B, L, H, V), -rand(B, L, H), rand(B, L, H), randn(B, H, K, V), CHUNK, MAX_LEN),
         ),
-        "causal_conv": (ops.causal_conv, (randn(B, L, C), randn(B, C, k - 1), randn(C, 1, k), None, True)),
+        "causal_conv": (ops.causal_conv, (randn(B, C, L), randn(B, C, k - 1), randn(C, 1, k), None, True)),
         "moe": (ops.moe, (randn(B * L, 8), randn(B * L, 5), randn(5, 2 * 6, 8), randn(5, 8, 6), 2, True)),
         "kv_attention": (
             ops.kv_attention,

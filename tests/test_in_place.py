@@ -8,12 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import exports
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from family_checkpoints import BUILDERS
 from onnx import TensorProto, helper
 
 import hybridrt
@@ -157,19 +155,13 @@ def test_only_a_state_whose_one_reader_writes_it_is_in_place() -> None:
     assert in_place_states(plain, [conv, ssm]) == []
 
 
-@pytest.fixture(scope="module")
-def mamba2_onnx() -> Path:
-    return exports.family(BUILDERS["mamba2"])
-
-
-def test_manifest_in_place_names_a_fixed_state(mamba2_onnx: Path, tmp_path: Path) -> None:
+def test_manifest_in_place_names_a_fixed_state(jamba_onnx: Path, tmp_path: Path) -> None:
     import shutil
 
     copy = tmp_path / "model"
-    shutil.copytree(mamba2_onnx, copy)
+    shutil.copytree(jamba_onnx, copy)
     data = json.loads((copy / "hybridrt.json").read_text())
-    # LinearAttention's SSM states; each conv state is read by the branches of its conv's If
-    assert data["in_place"] and all(".ssm" in n for n in data["in_place"])
+    assert data["in_place"] and all(".conv" in n for n in data["in_place"])  # Mamba1's SSM is a Scan's
     fixed = sum(1 for s in data["inputs"] if s["name"].startswith("past.") and s["kind"] in ("conv", "ssm"))
     assert f"in place: {len(data['in_place'])} of {fixed} fixed-size states" in describe(copy)
     data["in_place"] = ["past.1.key"]
@@ -182,10 +174,10 @@ def _ids(rng: np.random.Generator, rows: int, n: int) -> np.ndarray:
     return rng.integers(3, 300, (rows, n)).astype(np.int64)
 
 
-def test_stepper_in_place_equals_two_sets(mamba2_onnx: Path) -> None:
+def test_stepper_in_place_equals_two_sets(jamba_onnx: Path) -> None:
     """Prompt chunks, decode steps, a join, a reorder (beam search's) and a leave: the same
-    logits bit for bit; the in-place stepper's SSM states are one buffer in both sets."""
-    model = hybridrt.load(mamba2_onnx)
+    logits bit for bit; the in-place stepper's conv states are one buffer in both sets."""
+    model = hybridrt.load(jamba_onnx)
     fast, slow = model.stepper(2, 32), model.stepper(2, 32, ring=2)
     assert isinstance(fast, BoundStepper) and isinstance(slow, BoundStepper)
     shared = [a is b for a, b in zip(*fast._fixed_pool)]

@@ -5,7 +5,7 @@ constants: transposes of Linear weights, -exp(A_log), repeats for grouped heads)
 run-time part. Per layer, onnx's reference evaluator runs the weight part on that layer's
 tensors, the results become the layer's initializers, the run-time part is copied under the
 layer's names (/model/layers.{i}/...), the passes that need weight values run on that one
-layer (export.projections.pack_qkv, expand_placeholders, direct quantization), and the layer's
+layer (export.projections.pack_qkv, expand_selective_scans, direct quantization), and the layer's
 initializers go straight to the data file. Memory holds one layer's weights at a time and the
 nodes of the graph, never the whole model's values.
 """
@@ -23,7 +23,6 @@ from onnx import helper, numpy_helper
 
 from ..graphs.contract import GraphContract, TensorSpec
 from ..graphs.edit import live, node_reads, toposort
-from ..graphs.step_graph import share_length_condition
 from .fragments import WEIGHT, Template
 
 STANDARD = ("", "ai.onnx")
@@ -328,7 +327,6 @@ def assemble(fragments: Iterable[Fragment], contract: GraphContract, data: DataF
         for o in frag.opsets:
             opsets[o.domain] = max(opsets.get(o.domain, 0), o.version)
     io = {s.name for s in (*inputs, *outputs)}
-    share_length_condition(nodes)
     nodes = live(nodes, {s.name for s in outputs})
     read = {i for n in nodes for i in node_reads(n)}
     made = {o for n in nodes for o in n.output}

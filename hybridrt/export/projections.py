@@ -1,7 +1,7 @@
 """Rewrites of each layer's graph once its weights are bound (export.streamed): its query, key
 and value projections packed into one (`pack_qkv`), constant multipliers folded into the
 projection they scale (`fold_scales`), and the fused ops' placeholders expanded into the
-operators that run them (`expand_placeholders`).
+operators that run them (`expand_selective_scans`).
 """
 
 from __future__ import annotations
@@ -106,14 +106,13 @@ def _packed(
     return new, out
 
 
-def expand_placeholders(model: onnx.ModelProto) -> dict[str, int]:
+def expand_selective_scans(model: onnx.ModelProto) -> int:
     """Replace the fused ops' export-time placeholders by the operators that run them, in place
     (each op's `expand`, models.ops): each Mamba1 SelectiveScan becomes an onnxruntime Scan
-    (models.ops.selective_scan.expand_scans) and each causal conv an If on the call's length
-    (models.ops.causal_conv.expand_convs). Returns the count of each, by op name."""
-    from ..models import ops
+    (models.ops.selective_scan.expand_scans), the only placeholder there is. Returns the count."""
+    from ..models.ops import expand_placeholders
 
-    return ops.expand_placeholders(model)
+    return expand_placeholders(model)
 
 
 def fold_scales(model: onnx.ModelProto, owned: Callable[[str], bool] = lambda name: True) -> int:

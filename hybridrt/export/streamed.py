@@ -184,15 +184,14 @@ def _layer_passes(
 ) -> Fragment:
     """The rewrites that need the layer's weight values, on the layer alone."""
     from ..models.ops import interleave_experts
-    from .projections import expand_placeholders, fold_scales, pack_qkv
+    from .projections import expand_selective_scans, fold_scales, pack_qkv
 
     model = _fragment_model(frag, io, prep)
     if pack:  # with the norm fusion, as one switch (--no-fuse-norms keeps the exporter's graph)
         counts["packed_qkv"] = counts.get("packed_qkv", 0) + pack_qkv(model)
         own = f"model.layers.{i}."  # a weight of another name is shared with other layers
         counts["folded_scales"] = counts.get("folded_scales", 0) + fold_scales(model, lambda n: n.startswith(own))
-    for name, count in expand_placeholders(model).items():
-        counts[f"{name}s"] = counts.get(f"{name}s", 0) + count
+    counts["selective_scans"] = counts.get("selective_scans", 0) + expand_selective_scans(model)
     counts["moe_interleaved"] = counts.get("moe_interleaved", 0) + interleave_experts(model)
     if layer_pass is not None:
         if copy is not None:

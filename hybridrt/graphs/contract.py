@@ -20,7 +20,7 @@ States by mixer kind (layer index i), as `hybridrt.kinds.LAYER_KINDS` declares t
              a fixed-size buffer: the call writes positions past_lengths .. past_lengths+seq-1
              and reads 0 .. past_lengths+seq-1; the runtime binds one buffer as past and present
   mamba      past.{i}.conv [batch, d_inner, d_conv-1], past.{i}.ssm [batch, d_state, d_inner]
-             (channels innermost: the one-token step of export.projections.expand_placeholders
+             (channels innermost: the one-token step of export.projections.expand_selective_scans
              broadcasts along them; schema 2 had [batch, d_inner, d_state])
   mamba2     past.{i}.conv [batch, conv_dim, d_conv-1], past.{i}.ssm [batch, heads, d_state, head_dim]
              (conv_dim = d_inner + 2 groups d_state: x, B and C share one conv)

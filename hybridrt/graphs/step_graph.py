@@ -1,4 +1,4 @@
-"""The one-token decode graph: what captured decode steps run when the graph holds control flow.
+"""The one-token decode graph: what captured decode steps run when the graph holds a Scan.
 
 onnxruntime captures no session that holds a control-flow node (measured on an H200: every
 Mamba1 graph was refused, its selective scan being an ONNX Scan over the tokens). A decode step
@@ -6,13 +6,11 @@ feeds one token, so each Scan runs its body once: `inline_scans` replaces the Sc
 nodes applied to that token (the scan inputs' token axis squeezed away, the scan outputs'
 put back), and fixes input_ids to one token so that onnxruntime refuses any other length. For
 selective_scan's body this is the step that models/ops/selective_scan.py measured at 21 us as
-plain nodes against 27 us for the Scan at one token. Each causal conv is an If on the call's
-length (models/ops/causal_conv.py), whose condition value is named `.../several_tokens`:
-`inline_ifs` replaces it by its one-token branch.
+plain nodes against 27 us for the Scan at one token.
 
-`split_for_capture` gives the graph the loader opens for captured steps when the graph has
-control flow: the capture rewrite (compat.capture_inputs: lengths and positions as inputs), the
-scans and the convs' Ifs inlined. The loader keeps the graph as it is for prompts (uncaptured), and shares the
+`split_for_capture` gives the graph the loader opens for captured steps when the graph has a
+Scan: the capture rewrite (compat.capture_inputs: lengths and positions as inputs) and the
+scans inlined. The loader keeps the graph as it is for prompts (uncaptured), and shares the
 weights between the two sessions (runtime/decode_session.py).
 """
 
@@ -26,9 +24,6 @@ from .compat import capture_inputs, drop_query_seqlens
 from .edit import node_reads, prune, walk
 
 CONTROL_FLOW = ("Scan", "Loop", "If")
-# The name (after its scope's "/") of an If's condition that is true for a call of several
-# tokens and false for one: its else branch is the one-token form.
-SEVERAL_TOKENS = "several_tokens"
 
 
 def control_flow(model: Any) -> list[str]:
@@ -41,7 +36,7 @@ def split_for_capture(
 ) -> tuple[bytes, bytes, tuple[str, ...], dict[str, Any]]:
     """From the graph file `graph`'s model (consumed): the bytes of the graph for prompts (as
     it is, without query_seqlens unless `query_seqlens`), those of the one-token graph for
-    captured steps (compat.capture_inputs, then inline_scans and inline_ifs), the inputs the latter adds, and
+    captured steps (compat.capture_inputs, then inline_scans), the inputs the latter adds, and
     with `share` the weights both graphs were detached from (detach_weights), to be given to
     both sessions."""
     arrays = detach_weights(model, graph.parent, graph.name) if share else {}
@@ -50,21 +45,7 @@ def split_for_capture(
     prompts = model.SerializeToString()
     inputs = capture_inputs(model, query_seqlens)
     inline_scans(model)
-    inline_ifs(model)
     return prompts, model.SerializeToString(), inputs, arrays
-
-
-def share_length_condition(nodes: list[Any]) -> int:
-    """Every causal conv's If (models/ops/causal_conv.py) reads the first one's condition, in
-    place: each layer computed its own from its conv's input, and all of them are the call's
-    length, so the others' Shape, Greater and Squeeze go (export.compose.assemble drops what
-    nothing reads). Three nodes fewer a layer on every decode step: 28 convs of granite-h-350m's
-    width took 0.60 ms a token with a condition each, 0.54 with one, and 0.52 as the
-    CausalConvWithState nodes before the Ifs. Returns how many Ifs now read the first one's."""
-    ifs = [n for n in nodes if n.op_type == "If" and n.input[0].rsplit("/", 1)[-1] == SEVERAL_TOKENS]
-    for node in ifs[1:]:
-        node.input[0] = ifs[0].input[0]
-    return max(len(ifs) - 1, 0)
 
 
 def inline_scans(model: Any) -> int:
@@ -84,36 +65,6 @@ def inline_scans(model: Any) -> int:
         _one_token(graph)
         prune(graph, initializers=True)
     return len(scans)
-
-
-def inline_ifs(model: Any, one_token: bool = True) -> int:
-    """Replace each top-level If on SEVERAL_TOKENS by its one-token (else) branch, in place: the
-    branch's nodes and constants renamed under the If's name, its outputs the If's. With
-    `one_token`, input_ids is fixed to one token; without, the graph still takes any length
-    (the branch is correct for any, only slower for several). Returns the number of Ifs."""
-    from onnx import helper
-
-    graph = model.graph
-    ifs = [n for n in graph.node if n.op_type == "If" and n.input[0].rsplit("/", 1)[-1] == SEVERAL_TOKENS]
-    for index, node in enumerate(ifs):
-        prefix = f"{node.name or f'/if_{index}'}/one_token"
-        branch = next(helper.get_attribute_value(a) for a in node.attribute if a.name == "else_branch")
-        names: dict[str, str] = {}
-        for tensor in branch.initializer:
-            names[tensor.name] = f"{prefix}/{tensor.name}"
-            copy = type(tensor)()
-            copy.CopyFrom(tensor)
-            copy.name = names[tensor.name]
-            graph.initializer.append(copy)
-        at = list(graph.node).index(node)
-        graph.node.remove(node)
-        for n in reversed(_renamed(branch, names, node.output, prefix)):
-            graph.node.insert(at, n)
-    if ifs:
-        if one_token:
-            _one_token(graph)
-        prune(graph, initializers=True)
-    return len(ifs)
 
 
 def _one_iteration(node: Any, prefix: str) -> tuple[list[Any], list[Any]]:

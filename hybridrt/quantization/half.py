@@ -47,12 +47,6 @@ def float16(model: Any, keep: tuple[str, ...] = FLOAT32_OPS, half_kv: Sequence[s
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    from ..graphs.step_graph import inline_ifs
-
-    # The converter does not follow the values an If's branches read from the graph: each
-    # causal conv's If gives way to its CausalConvWithState branch, which takes any length
-    # (models/ops/causal_conv.py: the prompt branch's gain is the CPU provider's).
-    inline_ifs(model, one_token=False)
     _declare_types(model)
     if half_kv:
         keep = tuple(op for op in keep if op != "GroupQueryAttention")

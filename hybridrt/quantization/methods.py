@@ -194,29 +194,7 @@ def _gptq(
             config[node.name] = {"bits": bits, "group_size": block_size, "scheme": scheme}
     reader.rewind()
     batches = ((feed, None) for feed in iter(reader.get_next, None))
-    reads = _explicit_reads(model.graph)
-    quantized = gptq_quantize(model, batches, weight_config=config, n_samples=-1).model
-    kept = [n for n in quantized.graph.node if n.name not in reads]
-    del quantized.graph.node[:]
-    quantized.graph.node.extend(kept)
-    return quantized
-
-
-def _explicit_reads(graph: Any) -> set[str]:
-    """An Identity (output unread) for each graph input that only a subgraph reads (a conv
-    state, read by the branches of its conv's If), added to `graph`: onnxruntime's GPTQ orders
-    the nodes from the graph inputs' explicit readers and fails on an input without one. Returns
-    the Identities' names."""
-    from onnx import helper
-
-    read = {i for n in graph.node for i in n.input}
-    names = set()
-    for value in graph.input:
-        if value.name not in read:
-            name = f"{value.name}/read"
-            graph.node.insert(0, helper.make_node("Identity", [value.name], [f"{name}/value"], name=name))
-            names.add(name)
-    return names
+    return gptq_quantize(model, batches, weight_config=config, n_samples=-1).model
 
 
 def _others(model: Any, nodes: list[str]) -> list[str]:

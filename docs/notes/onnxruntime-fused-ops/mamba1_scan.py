@@ -4,7 +4,7 @@ d_state 16), one graph each, 2 intra-op threads, milliseconds per call:
 - LinearAttention: d_inner heads of d_state keys and one value, B and C tiled to every head,
   the state transposed to the node's [b, H, n, 1] (graph contract 2's formulation);
 - Scan: an onnxruntime Scan over the tokens whose body is the step on the [b, n, H] state
-  (contract 3, export.projections.expand_placeholders);
+  (contract 3, export.projections.expand_selective_scans);
 - step: the one-token step as plain nodes (what the Scan body runs once).
 """
 

@@ -99,8 +99,9 @@ class GatedDeltaNet(UsesFusedOps, nn.Module):
         bsz, l = x.shape[0], x.shape[1]
         qkv, z, b, a = self._project(x)
         qkv, conv_state = causal_conv(
-            qkv, conv_state, self.conv1d.weight, None, silu=True, fused=self.fused
-        )  # [b, l, conv_dim]
+            qkv.transpose(1, 2), conv_state, self.conv1d.weight, None, silu=True, fused=self.fused
+        )
+        qkv = qkv.transpose(1, 2)  # [b, l, conv_dim]
         q, k, v = torch.split(qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = l2norm(q.reshape(bsz, l, self.Hk, self.K).float()) * self.K**-0.5
         k = l2norm(k.reshape(bsz, l, self.Hk, self.K).float())

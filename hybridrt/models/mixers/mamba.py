@@ -86,8 +86,9 @@ class MambaMixer(UsesFusedOps, nn.Module):
         xz = self.in_proj(x)
         xs, z = xz.chunk(2, dim=-1)  # [b, l, d_inner] each
         xs, conv_state = causal_conv(
-            xs, conv_state, self.conv1d.weight, self.conv1d.bias, silu=True, fused=self.fused
-        )  # [b, l, d_inner]
+            xs.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias, silu=True, fused=self.fused
+        )
+        xs = xs.transpose(1, 2)  # [b, l, d_inner]
         dt, B, C = torch.split(self.x_proj(xs), [self.r, self.n, self.n], dim=-1)
         if self.inner_norms:
             dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)

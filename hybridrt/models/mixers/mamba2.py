@@ -79,8 +79,9 @@ class Mamba2Mixer(UsesFusedOps, nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         z, xbc, dt = torch.split(self.in_proj(x), [self.d_inner, self.conv_dim, self.H], dim=-1)
         xbc, conv_state = causal_conv(
-            xbc, conv_state, self.conv1d.weight, self.conv1d.bias, silu=True, fused=self.fused
-        )  # [b, l, conv_dim]
+            xbc.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias, silu=True, fused=self.fused
+        )
+        xbc = xbc.transpose(1, 2)  # [b, l, conv_dim]
         xs, B, C = torch.split(xbc, [self.d_inner, self.G * self.n, self.G * self.n], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # [b, l, H]
         if self.dt_min > 0.0:  # Zamba2 (time_step_min), Nemotron-H (time_step_limit): transformers'

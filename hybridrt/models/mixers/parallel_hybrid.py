@@ -62,8 +62,9 @@ class FalconH1Mamba(Mamba2Mixer):
         zxbcdt = self.in_proj(x * self.in_multiplier) * self.mup
         z, xbc, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.H], dim=-1)
         xbc, conv_state = causal_conv(
-            xbc, conv_state, self.conv1d.weight, self.conv1d.bias, silu=True, fused=self.fused
-        )  # [b, l, conv_dim]
+            xbc.transpose(1, 2), conv_state, self.conv1d.weight, self.conv1d.bias, silu=True, fused=self.fused
+        )
+        xbc = xbc.transpose(1, 2)  # [b, l, conv_dim]
         xs, B, C = torch.split(xbc, [self.d_inner, self.G * self.n, self.G * self.n], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # [b, l, H]
         y, ssm_state = self._ssm(xs, dt, B, C, ssm_state)  # [b, l, d_ssm]

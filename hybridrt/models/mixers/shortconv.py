@@ -28,6 +28,6 @@ class ShortConv(UsesFusedOps, nn.Module):
     def forward(
         self, x: torch.Tensor, ctx: MixerContext, conv_state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        B, C, xs = self.in_proj(x).chunk(3, dim=-1)  # [b, l, d] each
+        B, C, xs = self.in_proj(x).transpose(1, 2).chunk(3, dim=1)  # [b, d, l] each
         y, conv_state = causal_conv(B * xs, conv_state, self.conv.weight, self.conv.bias, fused=self.fused)
-        return self.out_proj(C * y), conv_state
+        return self.out_proj((C * y).transpose(1, 2)), conv_state

@@ -10,8 +10,7 @@ expand_placeholders).
 - selective_scan: Mamba1's scan, an onnxruntime Scan over the tokens;
 - ssd_scan: Mamba2's scan, one LinearAttention node;
 - gated_delta: Gated DeltaNet's delta rule, one LinearAttention node;
-- causal_conv: a depthwise causal conv with state, an If on the call's length (a Conv for a
-  prompt, CausalConvWithState for one token);
+- causal_conv: a depthwise causal conv with state, one CausalConvWithState node;
 - kv_attention (and attend, its mixer-facing form): attention over KV buffers, one
   GroupQueryAttention node;
 - moe: a softmax-routed top-k mixture of SiLU-gated experts, one MoE node (the chosen

@@ -105,14 +105,9 @@ def shape_rules() -> dict[str, ShapeRule]:
     return {op_type: rule for op in FUSED_OPS.values() for op_type, rule in op.shapes.items()}
 
 
-def expand_placeholders(model: onnx.ModelProto) -> dict[str, int]:
-    """Every fused op's placeholders in `model` replaced (FusedOp.expand), in place, and their
-    domain's import dropped; how many of each op (by name)."""
-    counts = {name: op.expand(model) for name, op in sorted(FUSED_OPS.items()) if op.expand is not None}
-    kept = [o for o in model.opset_import if o.domain != SCAN_DOMAIN]
-    del model.opset_import[:]
-    model.opset_import.extend(kept)
-    return counts
+def expand_placeholders(model: onnx.ModelProto) -> int:
+    """Every fused op's placeholders in `model` replaced (FusedOp.expand), in place; the count."""
+    return sum(op.expand(model) for op in FUSED_OPS.values() if op.expand is not None)
 
 
 def _softplus_translation() -> Callable[..., Any]:

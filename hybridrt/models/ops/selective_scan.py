@@ -111,6 +111,9 @@ def expand_scans(model: onnx.ModelProto) -> int:
             graph.node.insert(at, n)
     graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
     prune(graph, initializers=True)
+    kept = [o for o in model.opset_import if o.domain != SCAN_DOMAIN]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)
     return len(scans)
 
 
