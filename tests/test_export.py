@@ -105,14 +105,21 @@ def test_every_node_feeds_an_output(fixture: str, request: pytest.FixtureRequest
 
 
 def test_each_causal_conv_is_one_fused_node(jamba_onnx: Path) -> None:
-    """The Mamba convs (with their SiLU) run as onnxruntime's CausalConvWithState, one node per
-    Mamba layer, state in and out: no Concat/Conv/Slice left for them."""
+    """The Mamba convs run as onnxruntime's CausalConvWithState, one node per Mamba layer, state
+    in and out, and their SiLU as Sigmoid and Mul on its output (onnxruntime's vectorized
+    QuickGelu once fused; the node's own SiLU is scalar): no Concat/Conv/Slice left for them."""
     nodes = onnx.load(str(jamba_onnx / "model.onnx")).graph.node
     convs = [n for n in nodes if n.op_type == "CausalConvWithState"]
     assert [n.name.split("/")[2] for n in convs] == ["layers.0", "layers.2"]
     assert all(n.domain == "com.microsoft" for n in convs)
-    assert {a.s for n in convs for a in n.attribute if a.name == "activation"} == {b"silu"}
+    assert {a.s for n in convs for a in n.attribute if a.name == "activation"} == {b"none"}
     assert [n.input[3] for n in convs] == ["past.0.conv", "past.2.conv"]
+    for conv in convs:
+        readers = [n for n in nodes if conv.output[0] in n.input]
+        assert sorted(n.op_type for n in readers) == ["Mul", "Sigmoid"]
+        sigmoid = next(n for n in readers if n.op_type == "Sigmoid")
+        mul = next(n for n in readers if n.op_type == "Mul")
+        assert set(mul.input) == {conv.output[0], sigmoid.output[0]}
     assert not [n for n in nodes if n.op_type == "Conv"]
 
 
