@@ -1,5 +1,5 @@
 """`causal_conv`: a depthwise causal conv that continues from a state of the last k-1 inputs,
-with SiLU fused where the mixer applies one.
+then SiLU where the mixer applies one.
 
 Glossary: b batch, C channels, l length, k kernel.
 
